@@ -1,0 +1,72 @@
+"""The one narrow interface every algorithm talks through, and shared index arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+Finisher = Callable[[np.ndarray], None] | None
+
+#: Target bytes per pipelined chunk; the ring splits each segment into about this much.
+CHUNK_BYTES = 1 << 20
+#: Bounds on the chunk size chosen for a segment.
+MIN_CHUNK_BYTES = 64 << 10
+MAX_CHUNK_BYTES = 4 << 20
+
+
+class Channel(Protocol):
+    """Ordered, reliable messages between the ranks of one group, for one op.
+
+    ``send`` may return before the bytes left: the buffer must then stay unchanged until
+    ``flush``; it returns True when the buffer may be reused at once (small sends are copied
+    or written inline). ``recv`` blocks until ``buf`` is exactly filled with the next message
+    from ``peer``.
+    """
+
+    rank: int
+    size: int
+
+    def send(self, peer: int, buf: np.ndarray) -> bool: ...
+
+    def recv(self, peer: int, buf: np.ndarray) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+def split(n: int, parts: int) -> list[int]:
+    """Offsets of ``parts`` nearly equal pieces of ``n`` (sizes differ by at most one)."""
+    q, r = divmod(n, parts)
+    offs = [0]
+    for i in range(parts):
+        offs.append(offs[-1] + q + (1 if i < r else 0))
+    return offs
+
+
+def chunk_count(max_bytes: int, chunk_bytes: int | None = None) -> int:
+    """Chunks per segment so each is near the target size (every rank computes the same)."""
+    if max_bytes <= 0:
+        return 1
+    target = chunk_bytes or max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, max_bytes // 4))
+    return max(1, -(-max_bytes // target))
+
+
+def chunks(seg: np.ndarray, k: int) -> list[np.ndarray]:
+    """``k`` nearly equal, possibly empty, views of a 1-D segment."""
+    offs = split(seg.shape[0], k)
+    return [seg[offs[i]:offs[i + 1]] for i in range(k)]
+
+
+class Scratch:
+    """One reusable receive buffer, grown on demand (never per op or per chunk)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, like: np.ndarray) -> np.ndarray:
+        need = like.nbytes
+        if self._buf.nbytes < need:
+            self._buf = np.empty(max(need, 1), dtype=np.uint8)
+        return self._buf[:need].view(like.dtype)

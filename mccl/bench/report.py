@@ -1,0 +1,226 @@
+"""Benchmark output: size parsing/formatting, the nccl-tests style table, JSON and PNG.
+
+Why separate from the runner: reports are re-generated from saved JSON (model, plots) and
+must not need torch or a network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "mccl-bench/1"
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+               "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+PNG_DPI = 120
+PNG_SIZE_IN = (11.0, 8.5)
+
+
+def parse_size(text: str | int) -> int:
+    """'8', '8B', '1K', '64M', '1G' -> bytes (binary multiples, as nccl-tests)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"bad size {text!r}: use e.g. 8, 1K, 16M, 1G")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def size_range(lo: int, hi: int, factor: float = 2.0) -> list[int]:
+    """Geometric sizes lo, lo*factor, ... <= hi (nccl-tests -b/-e/-f)."""
+    if lo <= 0 or hi < lo or factor <= 1.0:
+        raise ValueError("need 0 < min <= max and factor > 1")
+    out, s = [], float(lo)
+    while s <= hi * (1 + 1e-9):
+        out.append(int(round(s)))
+        s *= factor
+    return out
+
+
+def format_size(n: float) -> str:
+    """Bytes -> short binary form ('64M', '1.5K', '8B')."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough about the box to interpret numbers later."""
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(), "platform": platform.platform(),
+        "machine": platform.machine(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+    }
+    try:
+        import numpy
+        import torch
+
+        info.update(torch=torch.__version__, numpy=numpy.__version__)
+    except ImportError:
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+            info["kernel"] = platform.release()
+        except OSError:
+            pass
+    return info
+
+
+def pct_of(value_gbs: float | None, ceiling_bps: float | None) -> float | None:
+    if value_gbs is None or not ceiling_bps:
+        return None
+    return 100.0 * value_gbs * 1e9 / ceiling_bps
+
+
+def annotate(rows: Iterable[dict[str, Any]], ceiling_bps: float | None) -> None:
+    """Add pct_ceiling (busbw as % of the single-stream ceiling) to each row in place."""
+    for row in rows:
+        row["pct_ceiling"] = pct_of(row.get("busbw_gbs"), ceiling_bps)
+
+
+def _groups(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault((row["op"], row["world_size"], row["dtype"]), []).append(row)
+    return out
+
+
+def format_table(rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
+                 backends: Sequence[str]) -> str:
+    """One block per (op, world size): size/count/type, then per backend time/algbw/busbw/%,
+    then the mccl/gloo busbw ratio when both ran."""
+    lines = []
+    ratio = "mccl" in backends and "gloo" in backends
+    for (op, world, dtype), grp in _groups(rows).items():
+        present = [b for b in backends if any(r["backend"] == b for r in grp)]
+        lines.append(f"# {op}  world_size={world}  dtype={dtype}"
+                     + (f"  ceiling={ceiling_bps / 1e9:.3f} GB/s" if ceiling_bps else ""))
+        head = f"{'size':>8} {'count':>11} {'type':>8}"
+        sub = f"{'':>8} {'':>11} {'':>8}"
+        for b in present:
+            head += f" | {b:^34}"
+            sub += f" | {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'%ceil':>6}"
+        if ratio and len(present) == 2:
+            head += " | mccl/gloo"
+            sub += " |   busbw x"
+        lines += [head, sub]
+        by_size: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in grp:
+            by_size.setdefault(r["size"], {})[r["backend"]] = r
+        for size in sorted(by_size):
+            cells = by_size[size]
+            any_row = next(iter(cells.values()))
+            line = f"{format_size(size):>8} {any_row['count']:>11} {dtype:>8}"
+            for b in present:
+                r = cells.get(b)
+                if r is None:
+                    line += f" | {'-':>10} {'-':>7} {'-':>7} {'-':>6}"
+                    continue
+                pct = pct_of(r["busbw_gbs"], ceiling_bps)
+                line += (f" | {r['time_us']:>10.1f} {r['algbw_gbs']:>7.3f} "
+                         f"{r['busbw_gbs']:>7.3f} {(f'{pct:.1f}' if pct is not None else '-'):>6}")
+                if r.get("check") is False:
+                    line += "!"
+            if ratio and len(present) == 2:
+                m, g = cells.get("mccl"), cells.get("gloo")
+                if m and g and g["busbw_gbs"] > 0:
+                    line += f" | {m['busbw_gbs'] / g['busbw_gbs']:>9.2f}"
+                else:
+                    line += f" | {'-':>9}"
+            lines.append(line)
+        lines.append("")
+    lines.append("# algbw/busbw in GB/s (1e9 B/s); busbw = algbw x nccl-tests bus factor; "
+                 "%ceil = busbw / single-stream TCP ceiling; '!' = result check failed")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write the result document (atomic rename so a crash never leaves half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a {SCHEMA} document")
+    return doc
+
+
+def new_document(argv: Sequence[str], config: dict[str, Any]) -> dict[str, Any]:
+    """Skeleton of the JSON result (filled in as the run progresses)."""
+    cmd = [sys.executable, "-m", "mccl.bench", *argv]
+    return {"schema": SCHEMA, "command": " ".join(cmd), "argv": list(argv),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+            "config": config, "network": None, "ceiling": None, "rows": [], "errors": [],
+            "jobs": []}
+
+
+def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
+              title: str = "") -> bool:
+    """busbw and time vs size (log2 x); one line per backend x op x world size.
+
+    Returns False (with one warning) if matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib not installed: skipping PNG %s (pip install matplotlib)", path)
+        return False
+    fig, (ax_bw, ax_t) = plt.subplots(2, 1, figsize=PNG_SIZE_IN, sharex=True)
+    series: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault((r["backend"], r["op"], r["world_size"]), []).append(r)
+    styles = {"mccl": "-", "gloo": "--"}
+    for (backend, op, world), pts in sorted(series.items()):
+        pts = sorted(pts, key=lambda r: r["size"])
+        xs = [r["size"] for r in pts]
+        label = f"{backend} {op} n={world}"
+        ls = styles.get(backend, ":")
+        ax_bw.plot(xs, [r["busbw_gbs"] for r in pts], ls, marker="o", ms=3, label=label)
+        ax_t.plot(xs, [r["time_us"] for r in pts], ls, marker="o", ms=3, label=label)
+    if ceiling_bps:
+        ax_bw.axhline(ceiling_bps / 1e9, color="k", lw=1, alpha=0.6,
+                      label=f"TCP ceiling {ceiling_bps / 1e9:.3f} GB/s")
+    ax_bw.set_xscale("log", base=2)
+    ax_bw.set_ylabel("busbw (GB/s)")
+    ax_bw.grid(True, which="both", alpha=0.3)
+    ax_bw.legend(fontsize=7, ncol=2)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time (us, median of slowest rank)")
+    ax_t.set_xlabel("size (bytes)")
+    ax_t.grid(True, which="both", alpha=0.3)
+    ticks = sorted({r["size"] for r in rows})
+    if ticks:
+        ax_t.set_xticks(ticks)
+        ax_t.set_xticklabels([format_size(s) for s in ticks], rotation=45, fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=PNG_DPI)
+    plt.close(fig)
+    return True

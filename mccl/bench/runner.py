@@ -1,0 +1,279 @@
+"""Launch benchmark ranks (locally or inside emulated hosts) and supervise them with deadlines.
+
+Why: a backend under development can hang or crash; the benchmark must still finish and say
+where. Each rank is its own process session; rank 0 streams JSON events (worker.EVENT_PREFIX).
+Every (op, size) gets a deadline scaled by the bytes it moves over the measured ceiling; on a
+stall or crash the whole rank set is killed, the op is reported as failed, and the run is
+relaunched for the remaining ops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mccl.bench.cluster import kill_tree
+from mccl.bench.worker import EVENT_PREFIX
+
+if TYPE_CHECKING:
+    from mccl.bench.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # directory that contains the mccl package
+STARTUP_TIMEOUT_S = 90.0  # python + torch import + rendezvous for every rank on a small box
+STALL_BASE_S = 60.0  # floor of every per-(op, size) deadline
+SLOWDOWN_ALLOWANCE = 20.0  # deadline tolerates this many times the ideal transfer time
+EXIT_TIMEOUT_S = 30.0  # after "done", for ranks to tear down
+LOG_TAIL_LINES = 8
+CLUSTER_PORT_RANGE = (20000, 30000)
+LOOPBACK = "127.0.0.1"
+LOOPBACK_IFNAME = "lo0" if sys.platform == "darwin" else "lo"
+
+
+@dataclass
+class BenchConfig:
+    """What every rank runs (serialised to the worker as JSON)."""
+
+    ops: list[str]
+    sizes: list[int]
+    dtype: str = "float32"
+    iters: int = 20
+    warmup: int = 3
+    time_budget: float = 2.0  # seconds of timed iterations per (op, size); 0 = always iters
+    check: bool = False
+    device: str = "cpu"
+    op_timeout: float = 120.0  # torch.distributed timeout inside ranks
+    stall_timeout: float = STALL_BASE_S
+    threads: int = 0  # torch threads per rank; 0 = cores / ranks
+
+    def for_worker(self, backend: str, world: int) -> dict[str, Any]:
+        cfg = asdict(self)
+        cfg.update(backend=backend,
+                   threads=self.threads or max(1, (os.cpu_count() or 1) // world))
+        return cfg
+
+
+@dataclass
+class JobResult:
+    """Rows and errors of one (backend, world size) run."""
+
+    backend: str
+    world_size: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def available_backends() -> list[str]:
+    """Backends torch.distributed can create here (mccl once its package registers it)."""
+    import torch.distributed as dist
+
+    out = []
+    try:
+        import mccl  # noqa: F401  (registers "mccl" once mccl/__init__.py does so)
+    except Exception as exc:  # a half-written backend must not break the benchmark
+        log.warning("import mccl failed: %s", exc)
+    if "mccl" in dist.Backend.backend_list:
+        out.append("mccl")
+    if dist.is_gloo_available():
+        out.append("gloo")
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _ideal_seconds(op: str, size: int, ceiling_bps: float | None) -> float:
+    """Rough lower bound of one iteration: ~2x size over the ceiling (all_reduce worst case)."""
+    return 2.0 * size / max(ceiling_bps or 1e8, 1e6)
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return " | ".join(ln.strip() for ln in lines[-n:] if ln.strip())
+
+
+class _Ranks:
+    """A started set of rank processes with their log files."""
+
+    def __init__(self, backend: str, world: int, cfg: BenchConfig, ops: Sequence[str],
+                 cluster: Cluster | None, logdir: Path) -> None:
+        self.procs: list[subprocess.Popen[Any]] = []
+        self.logs: list[Path] = []
+        wcfg = cfg.for_worker(backend, world)
+        wcfg["ops"] = list(ops)
+        if cluster is not None:
+            master, port = cluster.addr(0), random.randint(*CLUSTER_PORT_RANGE)
+        else:
+            master, port = LOOPBACK, _free_port()
+        pypath = os.environ.get("PYTHONPATH", "")
+        base_env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port),
+                        WORLD_SIZE=str(world), OMP_NUM_THREADS=str(wcfg["threads"]),
+                        PYTHONPATH=str(REPO_ROOT) + (os.pathsep + pypath if pypath else ""),
+                        GLOO_SOCKET_IFNAME=cluster.iface if cluster else LOOPBACK_IFNAME)
+        if cluster is not None:
+            base_env["MCCL_SOCKET_IFNAME"] = cluster.iface
+        argv = [sys.executable, "-m", "mccl.bench.worker", "--config", json.dumps(wcfg)]
+        try:
+            for rank in range(world):
+                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank),
+                           LOCAL_WORLD_SIZE=str(world))
+                logf = logdir / f"{backend}-n{world}-rank{rank}-{len(list(logdir.iterdir()))}.log"
+                self.logs.append(logf)
+                with open(logf, "wb") as errf:
+                    stdout = subprocess.PIPE if rank == 0 else errf
+                    kw: dict[str, Any] = dict(stdout=stdout, stderr=errf, cwd=str(REPO_ROOT))
+                    if cluster is not None:
+                        proc = cluster.popen(rank % cluster.n_hosts, argv, env=env, **kw)
+                    else:
+                        proc = subprocess.Popen(argv, env=env, start_new_session=True, **kw)
+                self.procs.append(proc)
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            kill_tree(proc)
+        for proc in self.procs:
+            if proc.stdout:
+                proc.stdout.close()
+
+    def crashed(self) -> tuple[int, int] | None:
+        """(rank, exit code) of the first rank that exited non-zero, if any."""
+        for rank, proc in enumerate(self.procs):
+            rc = proc.poll()
+            if rc not in (None, 0):
+                return rank, rc
+        return None
+
+    def logs_tail(self) -> str:
+        parts = [f"rank{r}: {t}" for r, p in enumerate(self.logs) if (t := _tail(p))]
+        return " || ".join(parts)
+
+
+def run_job(backend: str, world: int, cfg: BenchConfig, cluster: Cluster | None = None,
+            ceiling_bps: float | None = None,
+            on_event: Callable[[dict[str, Any]], None] | None = None) -> JobResult:
+    """Run every op x size of cfg for one backend at one world size, under deadlines."""
+    t0 = time.monotonic()
+    result = JobResult(backend, world)
+    remaining = list(cfg.ops)
+    with tempfile.TemporaryDirectory(prefix="mccl-bench-") as tmp:
+        for _ in range(len(cfg.ops)):  # at most one relaunch per failed op
+            remaining = _run_once(backend, world, cfg, remaining, cluster, ceiling_bps,
+                                  result, Path(tmp), on_event)
+            if not remaining:
+                break
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+def _run_once(backend: str, world: int, cfg: BenchConfig, ops: list[str],
+              cluster: Cluster | None, ceiling_bps: float | None, result: JobResult,
+              logdir: Path, on_event: Callable[[dict[str, Any]], None] | None) -> list[str]:
+    """One launch of the ranks for `ops`; returns the ops still to run after a failure."""
+    ranks = _Ranks(backend, world, cfg, ops, cluster, logdir)
+    current: tuple[str, int] | None = None
+    last_op: str | None = None
+    limit = STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + limit
+    done = False
+    buf = b""
+    sel = selectors.DefaultSelector()
+    stdout = ranks.procs[0].stdout
+    assert stdout is not None
+    os.set_blocking(stdout.fileno(), False)
+    sel.register(stdout, selectors.EVENT_READ)
+
+    def fail(reason: str) -> list[str]:
+        ranks.kill()
+        if current is not None:
+            where, op, size = f"{current[0]} size {current[1]}", current[0], current[1]
+        else:
+            where = "startup" if last_op is None else f"after {last_op}"
+            op, size = (ops[0] if last_op is None else last_op), None
+        err = {"backend": backend, "world_size": world, "op": op, "size": size,
+               "error": f"{reason} ({where})", "logs": ranks.logs_tail()}
+        result.errors.append(err)
+        if on_event:
+            on_event({"event": "error", **err})
+        if current is None:  # startup or between ops: relaunching would not help
+            return []
+        return ops[ops.index(current[0]) + 1:]
+
+    try:
+        while not done:
+            now = time.monotonic()
+            if now > deadline:
+                return fail(f"timed out after {limit:.0f}s; ranks killed")
+            for key, _ in sel.select(timeout=min(1.0, max(deadline - now, 0.01))):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if not text.startswith(EVENT_PREFIX):
+                    continue
+                ev = json.loads(text[len(EVENT_PREFIX):])
+                kind = ev.pop("event")
+                if kind == "start":
+                    current = (ev["op"], int(ev["size"]))
+                    last_op = current[0]
+                    limit = _budget(cfg, current, ceiling_bps)
+                    deadline = time.monotonic() + limit
+                elif kind == "row":
+                    result.rows.append({"backend": backend, **ev})
+                    current = None
+                elif kind == "error":
+                    result.errors.append({"backend": backend, "world_size": world, **ev})
+                    current = None
+                elif kind == "done":
+                    done = True
+                if on_event:
+                    on_event({"event": kind, **ev, "backend": backend, "world_size": world})
+            crash = ranks.crashed()
+            if crash and not done:
+                time.sleep(0.2)  # let rank 0's last lines arrive before giving up
+                return fail(f"rank {crash[0]} exited with code {crash[1]}")
+        end = time.monotonic() + EXIT_TIMEOUT_S  # done: ranks should exit by themselves
+        for proc in ranks.procs:
+            try:
+                proc.wait(timeout=max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s n=%d: rank pid %d did not exit; killed", backend, world,
+                            proc.pid)
+        return []
+    finally:
+        sel.close()
+        ranks.kill()
+
+
+def _budget(cfg: BenchConfig, current: tuple[str, int], ceiling_bps: float | None) -> float:
+    """Deadline for one (op, size): floor + generous multiple of the ideal transfer time."""
+    ideal = _ideal_seconds(current[0], current[1], ceiling_bps)
+    timed = min(cfg.iters, 3) if cfg.time_budget > 0 else cfg.iters  # budget bounds the rest
+    iters = cfg.warmup + timed + 2  # + check + slack
+    return cfg.stall_timeout + SLOWDOWN_ALLOWANCE * iters * ideal + 2.0 * cfg.time_budget

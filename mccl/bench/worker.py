@@ -1,0 +1,142 @@
+"""One benchmark rank: ``python -m mccl.bench.worker --config JSON`` with env:// rendezvous vars.
+
+Why a separate process per rank: that is how the backend is used, and it keeps a hung or
+crashed backend from taking the parent down (the parent kills the process group). Timing
+follows nccl-tests, with one difference forced by CPU backends: every iteration starts with a
+barrier and its time is the slowest rank's. Barriers and the max-reduction run on a separate
+gloo group so they are never what is measured. Rank 0 reports on stdout, one JSON event per
+line prefixed with EVENT_PREFIX; everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EVENT_PREFIX = "MCCLBENCH "
+BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+MIN_ITERS = 3  # even when the time budget says fewer
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Rank 0's report line for the parent (parsed by runner)."""
+    print(EVENT_PREFIX + json.dumps({"event": event, **fields}), flush=True)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elif device.startswith("mps"):
+        torch.mps.synchronize()
+
+
+def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
+              tgroup: Any) -> dict[str, Any]:
+    """Time op at size bytes; returns the row (identical on all ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.bench.ops import bus_factor, element_count, make_case
+
+    dtype = getattr(torch, cfg["dtype"])
+    elem = torch.empty((), dtype=dtype).element_size()
+    device = cfg.get("device", "cpu")
+    case = make_case(op, element_count(op, size, world, elem), dtype, rank, world, device)
+
+    def timed() -> float:
+        dist.barrier(group=tgroup)
+        t0 = time.perf_counter()
+        case.run()
+        _sync(device)
+        return time.perf_counter() - t0
+
+    iters = int(cfg["iters"])
+    warm = [timed() for _ in range(int(cfg["warmup"]))]
+    budget = float(cfg.get("time_budget") or 0.0)
+    if warm and budget > 0:  # same value on every rank: it is max-reduced
+        est = torch.tensor([statistics.median(warm)], dtype=torch.float64)
+        dist.all_reduce(est, op=dist.ReduceOp.MAX, group=tgroup)
+        iters = max(min(iters, int(budget / max(est.item(), 1e-9))), min(MIN_ITERS, iters))
+    local = torch.tensor([timed() for _ in range(iters)], dtype=torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=tgroup)  # per-iteration slowest rank
+    times = local.tolist()
+    med = statistics.median(times)
+    check_ok = None
+    if cfg.get("check"):
+        ok = torch.tensor([1 if case.check() else 0], dtype=torch.int64)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=tgroup)
+        check_ok = bool(ok.item())
+    algbw = case.nbytes / med / 1e9
+    return {"op": op, "size": case.nbytes, "requested_size": size, "count": case.count,
+            "dtype": cfg["dtype"], "world_size": world, "iters": iters,
+            "time_us": med * 1e6, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
+            "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, world), "check": check_ok}
+
+
+def run(cfg: dict[str, Any]) -> int:
+    """Init the backend under test and a gloo timing group, then bench every op x size."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = cfg["backend"]
+    if backend not in BUILTIN_BACKENDS:
+        import mccl  # noqa: F401  (registers the backend)
+    torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
+    timeout = timedelta(seconds=float(cfg.get("op_timeout", 120)))
+    dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
+    tgroup = dist.new_group(backend="gloo", timeout=timeout)
+    if rank == 0:
+        emit("init", backend=backend, world_size=world, pid=os.getpid())
+    status = 0
+    for op in cfg["ops"]:
+        for size in cfg["sizes"]:
+            if rank == 0:
+                emit("start", op=op, size=size)
+            try:
+                row = bench_one(op, size, cfg, rank, world, tgroup)
+                err = None
+            except Exception as exc:  # report and move on to the next op
+                err = f"{type(exc).__name__}: {exc}"
+                log.error("rank %d %s size %d failed:\n%s", rank, op, size,
+                          traceback.format_exc())
+            failed = torch.tensor([1 if err else 0], dtype=torch.int64)
+            dist.all_reduce(failed, group=tgroup)
+            if failed.item():
+                status = 1
+                if rank == 0:
+                    emit("error", op=op, size=size,
+                         error=err or f"failed on {failed.item()} other rank(s)")
+                break
+            if rank == 0:
+                emit("row", **row)
+    dist.barrier(group=tgroup)
+    if rank == 0:
+        emit("done")
+    dist.destroy_process_group()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mccl.bench.worker")
+    p.add_argument("--config", required=True, help="JSON benchmark config (see runner)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"[rank {os.environ.get('RANK', '?')}] %(message)s")
+    return run(json.loads(args.config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

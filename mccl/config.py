@@ -1,0 +1,50 @@
+"""The few environment variables mccl reads, in one place.
+
+Everything else is automatic. Each variable is read when a process group is created, so a
+script may set it before ``init_process_group``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: Interface (or comma-separated list, first usable wins) whose address peers connect to.
+SOCKET_IFNAME_ENV = "MCCL_SOCKET_IFNAME"
+#: "0" selects the staging hand-off (copy out, wait, copy back) instead of in-place host views.
+UNIFIED_ENV = "MCCL_UNIFIED_COLLECTIVE"
+#: Python logging level name for the "mccl" logger (e.g. INFO, DEBUG).
+LOG_LEVEL_ENV = "MCCL_LOG_LEVEL"
+
+ENV_DOCS = {
+    SOCKET_IFNAME_ENV: "network interface for mccl traffic (default: the one that reaches the master)",
+    UNIFIED_ENV: "1 (default): average in place in shared memory; 0: staging copies",
+    LOG_LEVEL_ENV: "logging level of the 'mccl' logger (default WARNING)",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    socket_ifname: str | None
+    unified: bool
+    log_level: str
+
+
+def _flag(value: str | None, default: bool) -> bool:
+    if value is None or value.strip() == "":
+        return default
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{UNIFIED_ENV}={value!r}: expected 0 or 1")
+
+
+def load() -> Config:
+    """Read the environment now (not at import) so tests and scripts can change it."""
+    return Config(
+        socket_ifname=os.environ.get(SOCKET_IFNAME_ENV) or None,
+        unified=_flag(os.environ.get(UNIFIED_ENV), True),
+        log_level=os.environ.get(LOG_LEVEL_ENV, "WARNING").upper(),
+    )

@@ -1,0 +1,60 @@
+"""Hand-off adapters: how the comm thread gets at a tensor's bytes, per device type.
+
+One protocol, three small modules (cpu, cuda, mps). ``prepare`` runs on the caller's thread
+and records the ready-marker (O1); ``acquire`` and ``release`` run on the comm thread, which
+waits on that marker only and never enqueues work on PyTorch's stream (O3); ``gate`` runs on
+the thread that waits for the result, so the consumer sees the writes (O2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import torch
+
+
+class Handoff(Protocol):
+    def acquire(self) -> list[torch.Tensor]:
+        """Comm thread: wait for the ready-marker; host (CPU) tensors parallel to the inputs."""
+        ...
+
+    def release(self) -> None:
+        """Comm thread: publish the host results back to the device (copy back if staged)."""
+        ...
+
+    def gate(self) -> Callable[[], None] | None:
+        """What ``Work.wait`` runs on the waiting thread so later device work sees the result."""
+        ...
+
+    def result_context(self) -> Callable[[], AbstractContextManager] | None:
+        """Context in which the comm thread completes the Future (e.g. a side stream)."""
+        ...
+
+
+class Adapter(Protocol):
+    device_type: str
+
+    def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
+                writes: Sequence[bool]) -> Handoff:
+        """Caller's thread: record the ready-marker for ``tensors`` (O1)."""
+        ...
+
+
+def adapter_for(device: torch.device, unified: bool = True) -> Adapter:
+    """The adapter for a device type; raises a clear error where mccl cannot serve it."""
+    kind = device.type
+    if kind == "cpu":
+        from .cpu import CpuAdapter
+
+        return CpuAdapter()
+    if kind == "cuda":
+        from .cuda import CudaAdapter
+
+        return CudaAdapter(device)
+    if kind == "mps":
+        from .mps import MpsAdapter
+
+        return MpsAdapter(unified=unified)
+    raise ValueError(f"mccl cannot exchange tensors on device type '{kind}' (cpu, cuda, mps)")

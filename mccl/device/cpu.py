@@ -1,0 +1,34 @@
+"""CPU tensors: the comm thread works on the tensors themselves; no markers, no copies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class CpuHandoff:
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self.tensors = list(tensors)
+
+    def acquire(self) -> list[torch.Tensor]:
+        return self.tensors
+
+    def release(self) -> None:
+        pass
+
+    def gate(self):
+        return None
+
+    def result_context(self):
+        return None
+
+
+class CpuAdapter:
+    device_type = "cpu"
+
+    def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
+                writes: Sequence[bool]) -> CpuHandoff:
+        return CpuHandoff(tensors)

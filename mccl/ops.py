@@ -1,0 +1,64 @@
+"""Op codes and signatures: what every rank must agree on for a collective, and how it reads
+in an error message."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+
+from .reduce import Op
+from .transport.framing import Signature
+
+
+class Kind(IntEnum):
+    ALL_REDUCE = 1
+    BROADCAST = 2
+    REDUCE = 3
+    ALL_GATHER = 4
+    GATHER = 5
+    SCATTER = 6
+    REDUCE_SCATTER = 7
+    ALL_TO_ALL = 8
+    BARRIER = 9
+    SEND_RECV = 10
+    MONITORED_BARRIER = 11
+
+
+DTYPES: list[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+]
+DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return DTYPE_CODE.get(dtype, 255)
+
+
+def signature(kind: Kind, dtype: torch.dtype | None = None, redop: Op | None = None,
+              root: int = 0, count: int = 0) -> Signature:
+    return Signature(int(kind), dtype_code(dtype) if dtype is not None else 0,
+                     int(redop) if redop is not None else 0, root, count)
+
+
+def describe(sig: Signature) -> str:
+    """Human form of a signature, e.g. ``all_reduce(SUM, torch.float32, 1000 elements)``."""
+    try:
+        name = Kind(sig.op).name.lower()
+    except ValueError:
+        name = f"op{sig.op}"
+    parts = []
+    if sig.redop:
+        try:
+            parts.append(Op(sig.redop).name)
+        except ValueError:
+            parts.append(f"redop{sig.redop}")
+    if sig.dtype:
+        parts.append(str(DTYPES[sig.dtype - 1]) if sig.dtype <= len(DTYPES) else "dtype?")
+    if sig.count:
+        parts.append(f"{sig.count} elements")
+    if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
+        parts.append(f"root={sig.root}")
+    return f"{name}({', '.join(parts)})"

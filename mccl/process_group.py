@@ -1,0 +1,589 @@
+"""The c10d face of mccl: one ProcessGroup subclass.
+
+It validates arguments on the caller's thread (so bad input raises before any byte moves and
+the group stays usable), maps each c10d op to an engine job and returns a Work. No sockets and
+no ring maths here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import collectives as coll
+from . import config
+from .device import Adapter, adapter_for
+from .engine import Engine, Job
+from .errors import CollectiveError
+from .monitor import monitored_barrier
+from .ops import Kind, describe, signature
+from .reduce import SUPPORTED_DTYPES, Op, check
+from .transport.framing import P2P, Signature
+from .transport.rendezvous import choose_address, connect_mesh
+from .transport.tcp import Mesh
+from .work import GroupWork, Work, completed_work
+
+log = logging.getLogger("mccl")
+
+BACKEND_NAME = "mccl"
+#: Tag reserved for monitored_barrier's p2p messages (user tags are other values).
+_MONITOR_TAG = -0x4D43434C
+
+_REDOPS = {
+    dist.ReduceOp.SUM: Op.SUM, dist.ReduceOp.AVG: Op.AVG, dist.ReduceOp.PRODUCT: Op.PRODUCT,
+    dist.ReduceOp.MIN: Op.MIN, dist.ReduceOp.MAX: Op.MAX, dist.ReduceOp.BAND: Op.BAND,
+    dist.ReduceOp.BOR: Op.BOR, dist.ReduceOp.BXOR: Op.BXOR,
+}
+
+
+def _redop(op) -> Op:
+    kind = getattr(op, "op", op)
+    for k, v in _REDOPS.items():
+        if kind == k:
+            return v
+    raise ValueError(f"mccl does not support reduce op {kind} (supported: SUM, AVG, PRODUCT, "
+                     "MIN, MAX, BAND, BOR, BXOR)")
+
+
+def _master_addr(store) -> str | None:
+    addr = os.environ.get("MASTER_ADDR")
+    if addr:
+        return addr
+    s = store
+    for _ in range(8):  # unwrap PrefixStores down to the TCPStore
+        host = getattr(s, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        s = getattr(s, "underlying_store", None)
+        if s is None:
+            break
+    return None
+
+
+class ProcessGroupMCCL(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run over mccl's TCP rings."""
+
+    supports_splitting = False
+    supports_coalescing = False
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta,
+                 group_name: str = "default", global_ranks: Sequence[int] | None = None):
+        super().__init__(rank, size)
+        cfg = config.load()
+        logging.getLogger("mccl").setLevel(cfg.log_level)
+        self._cfg = cfg
+        self._timeout = timeout
+        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._label = group_name or "default"
+        timeout_s = timeout.total_seconds()
+        address = choose_address(cfg.socket_ifname, _master_addr(store))
+        group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
+        self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
+        self._engine = Engine(self._mesh, self._label, timeout_s)
+        self._adapters: dict[str, Adapter] = {}
+        self._coalesced: list[Work] | None = None
+        self._bound_device: torch.device | None = None
+
+    # ---- identity ----
+    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def _get_backend(self, device=None):
+        """A Python group is its own backend for every device (init_process_group(device_id=...)
+        asks for one)."""
+        return self
+
+    def eager_connect_single_device(self, device=None) -> None:
+        return None  # connections are made when the group is created
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._engine.seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupMCCL(rank={self.rank()}, size={self.size()}, group='{self._label}')"
+
+    # ---- validation helpers (caller thread) ----
+    def _device_of(self, op: str, tensors: Sequence[torch.Tensor]) -> torch.device | None:
+        device = None
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"mccl {op}: expected tensors, got {type(t).__name__}")
+            if t.layout != torch.strided:
+                raise ValueError(f"mccl {op}: only dense tensors are supported, got {t.layout}")
+            if not t.is_contiguous():
+                raise ValueError(f"mccl {op}: tensor of shape {tuple(t.shape)} is not contiguous;"
+                                 " call .contiguous() first")
+            if t.dtype not in SUPPORTED_DTYPES and t.dtype not in (
+                    torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64):
+                raise TypeError(f"mccl {op}: unsupported dtype {t.dtype}")
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise ValueError(f"mccl {op}: tensors on different devices ({device} and "
+                                 f"{t.device})")
+        if device is not None and device.type not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"mccl {op}: tensors on device '{device}' are not supported "
+                             "(cpu, cuda, mps)")
+        return device
+
+    def _adapter(self, device: torch.device | None) -> Adapter:
+        key = str(device or "cpu")
+        a = self._adapters.get(key)
+        if a is None:
+            a = adapter_for(device or torch.device("cpu"), unified=self._cfg.unified)
+            self._adapters[key] = a
+        return a
+
+    def _one(self, op: str, tensors) -> torch.Tensor:
+        if isinstance(tensors, torch.Tensor):
+            return tensors
+        if len(tensors) != 1:
+            raise ValueError(f"mccl {op}: expects exactly one tensor per call, got {len(tensors)}")
+        return tensors[0]
+
+    def _root(self, op: str, root: int) -> int:
+        if not 0 <= root < self.size():
+            raise ValueError(f"mccl {op}: root rank {root} is outside the group of {self.size()}")
+        return root
+
+    def _peer(self, op: str, peer: int) -> int:
+        if not 0 <= peer < self.size():
+            raise ValueError(f"mccl {op}: rank {peer} is outside the group of {self.size()}")
+        if peer == self.rank():
+            raise ValueError(f"mccl {op}: rank {peer} cannot {op} to/from itself")
+        return peer
+
+    def _same_dtype(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1:
+            raise TypeError(f"mccl {op}: tensors of mixed dtypes {sorted(map(str, dtypes))}")
+
+    def _numel_is(self, op: str, what: str, t: torch.Tensor, n: int) -> None:
+        if t.numel() != n:
+            raise ValueError(f"mccl {op}: {what} has {t.numel()} elements, expected {n}")
+
+    # ---- submission ----
+    def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
+                reads: list[bool], writes: list[bool], result: list[torch.Tensor],
+                collective: bool = True) -> Work:
+        device = self._device_of(name, tensors)
+        adapter = self._adapter(device)
+        handoff = adapter.prepare(tensors, reads, writes)
+        devices = [device] if device is not None and device.type == "cuda" else None
+        work = Work(name, result, devices=devices)
+        job = Job(name, sig, body, work, handoff, collective=collective)
+        self._engine.submit(job)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    # ---- collectives ----
+    def allreduce(self, tensors, opts=None):
+        op_name = "all_reduce"
+        if isinstance(opts, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+            redop = _redop(opts)
+        else:
+            redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        t = self._one(op_name, tensors)
+        self._device_of(op_name, [t])
+        check(redop, t.dtype)
+        sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
+        scratch = self._engine.scratch
+        return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
+                            [t], [True], [True], [t])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op_name = "all_reduce_coalesced"
+        redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = list(tensors)
+        self._device_of(op_name, tensors)
+        self._same_dtype(op_name, tensors)
+        if not tensors:
+            return completed_work(op_name, [])
+        check(redop, tensors[0].dtype)
+        total = sum(t.numel() for t in tensors)
+        sig = signature(Kind.ALL_REDUCE, tensors[0].dtype, redop, count=total)
+        scratch = self._engine.scratch
+        flags = [True] * len(tensors)
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.all_reduce_many(ch, h, redop, scratch),
+                            tensors, flags, flags, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        op_name = "broadcast"
+        if isinstance(opts, int):
+            root, tensor_index = opts, 0
+        else:
+            root = opts.rootRank if opts is not None else 0
+            tensor_index = opts.rootTensor if opts is not None else 0
+        if tensor_index != 0:
+            raise ValueError("mccl broadcast: rootTensor must be 0")
+        t = self._one(op_name, tensors)
+        root = self._root(op_name, root)
+        sig = signature(Kind.BROADCAST, t.dtype, root=root, count=t.numel())
+        is_root = self.rank() == root
+        return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root),
+                            [t], [is_root], [not is_root], [t])
+
+    def reduce(self, tensors, opts=None):
+        op_name = "reduce"
+        redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = self._root(op_name, opts.rootRank if opts is not None else 0)
+        t = self._one(op_name, tensors)
+        self._device_of(op_name, [t])
+        check(redop, t.dtype)
+        sig = signature(Kind.REDUCE, t.dtype, redop, root, t.numel())
+        scratch = self._engine.scratch
+        is_root = self.rank() == root
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
+                            [t], [True], [is_root], [t])
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        op_name = "all_gather"
+        inp = self._one(op_name, input_tensors)
+        outs = self._one(op_name, output_tensors) if not isinstance(output_tensors[0],
+                                                                    torch.Tensor) else None
+        if outs is None:
+            outs = list(output_tensors)
+        outs = list(outs)
+        if len(outs) != self.size():
+            raise ValueError(f"mccl {op_name}: output list has {len(outs)} tensors, "
+                             f"the group has {self.size()} ranks")
+        self._same_dtype(op_name, outs + [inp])
+        self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
+        sig = signature(Kind.ALL_GATHER, inp.dtype, count=sum(o.numel() for o in outs))
+        n = len(outs)
+        return self._submit(op_name, sig, lambda ch, h: coll.all_gather(ch, h[:n], h[n]),
+                            outs + [inp], [False] * n + [True], [True] * n + [False], outs)
+
+    def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor):
+        self._same_dtype(op_name, [output, inp])
+        w = self.size()
+        self._numel_is(op_name, "output", output, inp.numel() * w)
+        sig = signature(Kind.ALL_GATHER, inp.dtype, count=output.numel())
+        n = inp.numel()
+
+        def body(ch, h):
+            flat = h[0].reshape(-1)
+            coll.all_gather(ch, [flat[i * n:(i + 1) * n] for i in range(w)], h[1])
+
+        return self._submit(op_name, sig, body, [output, inp], [False, True], [True, False],
+                            [output])
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._allgather_flat("all_gather_into_tensor", output, input)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_flat("all_gather_into_tensor", output, input)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists,
+                                                                           input_list, strict=True)]
+        return GroupWork("all_gather_coalesced", works)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError("mccl all_gather_into_tensor_coalesced: "
+                             f"{len(outputs)} outputs for {len(inputs)} inputs")
+        works = [self._allgather_flat("all_gather_into_tensor", o, i)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return GroupWork("all_gather_into_tensor_coalesced", works)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        op_name = "gather"
+        root = self._root(op_name, opts.rootRank if opts is not None else 0)
+        inp = self._one(op_name, input_tensors)
+        is_root = self.rank() == root
+        outs: list[torch.Tensor] = []
+        if is_root:
+            if len(output_tensors) != 1:
+                raise ValueError(f"mccl {op_name}: the root needs one gather list")
+            outs = list(output_tensors[0])
+            if len(outs) != self.size():
+                raise ValueError(f"mccl {op_name}: gather list has {len(outs)} tensors, "
+                                 f"the group has {self.size()} ranks")
+            for i, o in enumerate(outs):
+                self._numel_is(op_name, f"gather_list[{i}]", o, inp.numel())
+            self._same_dtype(op_name, outs + [inp])
+        elif output_tensors and any(len(lst) for lst in output_tensors):
+            raise ValueError(f"mccl {op_name}: only the root (rank {root}) takes a gather list")
+        sig = signature(Kind.GATHER, inp.dtype, root=root, count=inp.numel())
+        n = len(outs)
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root),
+                            outs + [inp], [False] * n + [True], [True] * n + [False],
+                            [outs] if is_root else [])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        op_name = "scatter"
+        root = self._root(op_name, opts.rootRank if opts is not None else 0)
+        out = self._one(op_name, output_tensors)
+        is_root = self.rank() == root
+        ins: list[torch.Tensor] = []
+        if is_root:
+            if len(input_tensors) != 1:
+                raise ValueError(f"mccl {op_name}: the root needs one scatter list")
+            ins = list(input_tensors[0])
+            if len(ins) != self.size():
+                raise ValueError(f"mccl {op_name}: scatter list has {len(ins)} tensors, "
+                                 f"the group has {self.size()} ranks")
+            for i, t in enumerate(ins):
+                self._numel_is(op_name, f"scatter_list[{i}]", t, out.numel())
+            self._same_dtype(op_name, ins + [out])
+        elif input_tensors and any(len(lst) for lst in input_tensors):
+            raise ValueError(f"mccl {op_name}: only the root (rank {root}) takes a scatter list")
+        sig = signature(Kind.SCATTER, out.dtype, root=root, count=out.numel())
+        n = len(ins)
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root),
+                            ins + [out], [True] * n + [False], [False] * n + [True], [out])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op_name = "reduce_scatter"
+        redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        out = self._one(op_name, output_tensors)
+        ins = list(self._one(op_name, input_tensors))
+        if len(ins) != self.size():
+            raise ValueError(f"mccl {op_name}: input list has {len(ins)} tensors, "
+                             f"the group has {self.size()} ranks")
+        self._same_dtype(op_name, ins + [out])
+        self._device_of(op_name, ins + [out])
+        self._numel_is(op_name, f"input[{self.rank()}]", ins[self.rank()], out.numel())
+        check(redop, out.dtype)
+        sig = signature(Kind.REDUCE_SCATTER, out.dtype, redop,
+                        count=sum(t.numel() for t in ins))
+        scratch = self._engine.scratch
+        n = len(ins)
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.reduce_scatter(ch, h[n], h[:n], redop, scratch),
+                            ins + [out], [True] * n + [False], [False] * n + [True], [out])
+
+    def _reduce_scatter_flat(self, op_name: str, output, input, opts):
+        redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        self._device_of(op_name, [output, input])
+        self._same_dtype(op_name, [output, input])
+        w = self.size()
+        self._numel_is(op_name, "input", input, output.numel() * w)
+        check(redop, output.dtype)
+        sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
+        scratch = self._engine.scratch
+        n = output.numel()
+
+        def body(ch, h):
+            flat = h[1].reshape(-1)
+            coll.reduce_scatter(ch, h[0], [flat[i * n:(i + 1) * n] for i in range(w)], redop,
+                                scratch)
+
+        return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
+                            [output])
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        if len(outputs) != len(inputs):
+            raise ValueError("mccl reduce_scatter_tensor_coalesced: "
+                             f"{len(outputs)} outputs for {len(inputs)} inputs")
+        works = [self._reduce_scatter_flat("reduce_scatter_tensor", o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return GroupWork("reduce_scatter_tensor_coalesced", works)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        op_name = "all_to_all"
+        outs, ins = list(output_tensors), list(input_tensors)
+        w = self.size()
+        if len(outs) != w or len(ins) != w:
+            raise ValueError(f"mccl {op_name}: {len(outs)} outputs and {len(ins)} inputs for a "
+                             f"group of {w} ranks")
+        self._same_dtype(op_name, outs + ins)
+        self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()],
+                       ins[self.rank()].numel())
+        sig = signature(Kind.ALL_TO_ALL, ins[0].dtype if ins else None)
+
+        def body(ch, h):
+            coll.all_to_all(ch, [coll.as_bytes(t) for t in h[:w]],
+                            [coll.as_bytes(t) for t in h[w:]])
+
+        return self._submit(op_name, sig, body, outs + ins, [False] * w + [True] * w,
+                            [True] * w + [False] * w, outs)
+
+    def _split_rows(self, op_name: str, t: torch.Tensor, splits, what: str) -> list[int]:
+        w = self.size()
+        rows = t.shape[0] if t.dim() > 0 else t.numel()
+        if splits is None or len(splits) == 0:
+            if rows % w:
+                raise ValueError(f"mccl {op_name}: {what} dim 0 ({rows}) is not divisible by "
+                                 f"the group size {w}; pass split sizes")
+            return [rows // w] * w
+        splits = [int(s) for s in splits]
+        if len(splits) != w or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"mccl {op_name}: {what} split sizes {splits} do not split dim 0 "
+                             f"({rows}) into {w} parts")
+        return splits
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        op_name = "all_to_all_single"
+        self._device_of(op_name, [output, input])
+        self._same_dtype(op_name, [output, input])
+        out_rows = self._split_rows(op_name, output, output_split_sizes, "output")
+        in_rows = self._split_rows(op_name, input, input_split_sizes, "input")
+        row_out = output.numel() // max(1, output.shape[0] if output.dim() else 1)
+        row_in = input.numel() // max(1, input.shape[0] if input.dim() else 1)
+        if output.numel() and input.numel() and row_out != row_in:
+            raise ValueError(f"mccl {op_name}: input rows have {row_in} elements, output rows "
+                             f"{row_out}")
+        if out_rows[self.rank()] != in_rows[self.rank()]:
+            raise ValueError(f"mccl {op_name}: this rank sends itself {in_rows[self.rank()]} rows "
+                             f"but expects {out_rows[self.rank()]}")
+        sig = signature(Kind.ALL_TO_ALL, input.dtype)
+        esz = input.element_size()
+
+        def cut(buf, rows, row):
+            offs, parts = 0, []
+            for r in rows:
+                parts.append(buf[offs:offs + r * row * esz])
+                offs += r * row * esz
+            return parts
+
+        def body(ch, h):
+            coll.all_to_all(ch, cut(coll.as_bytes(h[0]), out_rows, row_out),
+                            cut(coll.as_bytes(h[1]), in_rows, row_in))
+
+        return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
+                            [output])
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def barrier(self, opts=None):
+        sig = signature(Kind.BARRIER)
+        scratch = self._engine.scratch
+        return self._submit("barrier", sig, lambda ch, h: coll.barrier(ch, scratch),
+                            [], [], [], [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        """Rank 0 collects a token from every rank within ``timeout`` and names the missing."""
+        secs = timeout if timeout is not None else self._timeout
+        secs = secs.total_seconds() if isinstance(secs, timedelta) else float(secs)
+        mesh = self._mesh
+        sig = signature(Kind.MONITORED_BARRIER)
+        work = self._submit(
+            "monitored_barrier", sig,
+            lambda ch, h: monitored_barrier(mesh, _MONITOR_TAG, secs, wait_all_ranks),
+            [], [], [], [], collective=False)
+        work.wait()
+
+    # ---- point to point ----
+    def send(self, tensors, dst: int, tag: int = 0):
+        op_name = "send"
+        t = self._one(op_name, tensors)
+        dst = self._peer(op_name, dst)
+        device = self._device_of(op_name, [t])
+        if device is not None and device.type != "cpu":
+            # Device tensors go through the ordered queue so the hand-off protocol applies.
+            sig = signature(Kind.SEND_RECV, t.dtype)
+            mesh = self._mesh
+
+            def body(ch, h):
+                mesh.send(dst, P2P, sig, 0, coll.as_bytes(h[0]), tag=tag)
+                mesh.flush([dst], ch.deadline)
+
+            return self._submit(op_name, sig, body, [t], [True], [False], [t], collective=False)
+        work = Work(op_name, [t])
+        sig = signature(Kind.SEND_RECV, t.dtype)
+
+        def done(err):
+            if err is None:
+                work.complete()
+            else:
+                work.fail(CollectiveError(f"mccl send to rank {dst} failed: {err}", op="send",
+                                          peer=dst))
+
+        try:
+            if self._mesh.send(dst, P2P, sig, 0, coll.as_bytes(t), tag=tag, on_done=done):
+                work.complete()
+        except Exception as e:  # noqa: BLE001
+            work.fail(CollectiveError(f"mccl send to rank {dst} failed: {e}", op="send", peer=dst))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        op_name = "recv"
+        t = self._one(op_name, tensors)
+        src = self._peer(op_name, src)
+        sig = signature(Kind.SEND_RECV, t.dtype)
+        mesh = self._mesh
+        return self._submit(op_name, sig,
+                            lambda ch, h: mesh.recv_p2p(src, tag, coll.as_bytes(h[0])),
+                            [t], [False], [True], [t], collective=False)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        op_name = "recv_anysource"
+        t = self._one(op_name, tensors)
+        sig = signature(Kind.SEND_RECV, t.dtype)
+        mesh = self._mesh
+        holder: list[Work] = []
+
+        def body(ch, h):
+            holder[0].set_source_rank(mesh.recv_p2p_any(tag, coll.as_bytes(h[0]), ch.deadline))
+
+        work = self._submit(op_name, sig, body, [t], [False], [True], [t], collective=False)
+        holder.append(work)
+        return work
+
+    # ---- coalescing ----
+    def _start_coalescing(self, device=None) -> None:
+        if self._coalesced is not None:
+            raise RuntimeError("mccl: coalescing already started on this group")
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return GroupWork("coalesced", works)
+
+    # ---- lifecycle ----
+    def shutdown(self) -> None:
+        self._engine.shutdown(abort=False)
+
+    def abort(self) -> None:
+        self._engine.shutdown(abort=True)
+
+    def _shutdown(self) -> None:
+        self.shutdown()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+
+
+def create(dist_opts, backend_options=None) -> ProcessGroupMCCL:
+    """The creator registered with torch.distributed (extended API)."""
+    return ProcessGroupMCCL(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
+        group_name=dist_opts.group_id, global_ranks=dist_opts.global_ranks_in_group,
+    )

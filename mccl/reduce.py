@@ -1,0 +1,87 @@
+"""Element-wise reductions into a host buffer, per (reduce op, dtype).
+
+Reductions run in numpy on host views: numpy releases the GIL and is single-threaded, so a
+comm thread reducing never fights PyTorch's intra-op pool. Half types (float16, bfloat16) are
+reduced in float32 and rounded once by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+
+class Op(IntEnum):
+    SUM = 1
+    AVG = 2
+    PRODUCT = 3
+    MIN = 4
+    MAX = 5
+    BAND = 6
+    BOR = 7
+    BXOR = 8
+
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: Dtypes whose partial sums travel and accumulate in float32.
+UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+SUPPORTED_DTYPES = FLOAT_DTYPES + INT_DTYPES + (torch.bool,)
+
+_ARITH: dict[Op, Reducer] = {
+    Op.SUM: lambda d, s: np.add(d, s, out=d),
+    Op.AVG: lambda d, s: np.add(d, s, out=d),
+    Op.PRODUCT: lambda d, s: np.multiply(d, s, out=d),
+    Op.MIN: lambda d, s: np.minimum(d, s, out=d),
+    Op.MAX: lambda d, s: np.maximum(d, s, out=d),
+}
+_BITWISE: dict[Op, Reducer] = {
+    Op.BAND: lambda d, s: np.bitwise_and(d, s, out=d),
+    Op.BOR: lambda d, s: np.bitwise_or(d, s, out=d),
+    Op.BXOR: lambda d, s: np.bitwise_xor(d, s, out=d),
+}
+# bool follows torch's own semantics for bool tensors: sum/max are "any", product/min "all".
+_BOOL: dict[Op, Reducer] = {
+    Op.SUM: lambda d, s: np.logical_or(d, s, out=d),
+    Op.MAX: lambda d, s: np.logical_or(d, s, out=d),
+    Op.BOR: lambda d, s: np.logical_or(d, s, out=d),
+    Op.PRODUCT: lambda d, s: np.logical_and(d, s, out=d),
+    Op.MIN: lambda d, s: np.logical_and(d, s, out=d),
+    Op.BAND: lambda d, s: np.logical_and(d, s, out=d),
+    Op.BXOR: lambda d, s: np.logical_xor(d, s, out=d),
+}
+
+
+def check(op: Op, dtype: torch.dtype) -> None:
+    """Raise a TypeError naming both if this pair cannot be reduced."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"mccl does not support dtype {dtype} (supported: "
+                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)})")
+    if dtype == torch.bool:
+        ok = op in _BOOL
+    elif dtype in INT_DTYPES:
+        ok = op in _ARITH and op != Op.AVG or op in _BITWISE
+    else:
+        ok = op in _ARITH
+    if not ok:
+        raise TypeError(f"reduce op {op.name} is not defined for dtype {dtype} in mccl")
+
+
+def reducer(op: Op, dtype: torch.dtype) -> Reducer:
+    """The in-place ``dst = dst (op) src`` for host arrays of ``dtype`` (after upcast)."""
+    check(op, dtype)
+    if dtype == torch.bool:
+        return _BOOL[op]
+    return _BITWISE[op] if op in _BITWISE else _ARITH[op]
+
+
+def finisher(op: Op, world: int) -> Callable[[np.ndarray], None] | None:
+    """What to apply once to a fully reduced element (AVG divides by the world size)."""
+    if op == Op.AVG and world > 1:
+        return lambda d: np.divide(d, world, out=d)
+    return None

@@ -1,0 +1,1 @@
+"""Bytes only: rendezvous, handshake, framing and TCP connections. No torch in here."""

@@ -1,0 +1,79 @@
+"""The fixed frame header that precedes every payload on an mccl connection.
+
+Every frame says which group, which op (sequence number) and what op signature it belongs to,
+so a receiver can refuse data from a mismatched collective instead of reducing garbage, and
+every length read from the wire is checked against what the receiver expects before any
+memory is touched.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"MC"
+VERSION = 1
+
+# Frame kinds.
+DATA = 1  # payload of a collective, ordered by sequence number
+P2P = 2  # payload of send/recv, matched by tag
+ERROR = 3  # the sender failed; payload is a UTF-8 reason
+
+#: Largest unexpected (stashed) payload we allocate for; expected payloads are bounded by the
+#: buffer the receiver posted.
+MAX_UNEXPECTED_BYTES = 1 << 34
+#: Largest error reason accepted.
+MAX_ERROR_BYTES = 1 << 16
+
+# magic, version, kind, op, dtype, redop, pad, root/tag, group, seq, count, length
+_HEADER = struct.Struct("<2sBBBBBxiIQQQ")
+HEADER_SIZE = _HEADER.size
+
+
+class FrameError(ConnectionError):
+    """A frame on the wire is malformed (bad magic, version, kind or length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What all ranks must agree on for one collective: op, dtype, reduce op, root, count."""
+
+    op: int
+    dtype: int = 0
+    redop: int = 0
+    root: int = 0
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    kind: int
+    sig: Signature
+    group: int
+    seq: int
+    length: int
+
+
+def pack_header(kind: int, sig: Signature, group: int, seq: int, length: int) -> bytes:
+    s = sig
+    return _HEADER.pack(
+        MAGIC, VERSION, kind, s.op, s.dtype, s.redop, s.root, group, seq, s.count, length
+    )
+
+
+def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
+    """Parse and bound-check a header; raises FrameError on anything malformed."""
+    if len(raw) != HEADER_SIZE:
+        raise FrameError(f"short frame header: {len(raw)} of {HEADER_SIZE} bytes")
+    magic, version, kind, op, dtype, redop, root, group, seq, count, length = _HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {bytes(magic)!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported frame version {version} (this side speaks {VERSION})")
+    if kind not in (DATA, P2P, ERROR):
+        raise FrameError(f"unknown frame kind {kind}")
+    if kind == ERROR and length > MAX_ERROR_BYTES:
+        raise FrameError(f"error frame of {length} bytes exceeds {MAX_ERROR_BYTES}")
+    if length > MAX_UNEXPECTED_BYTES:
+        raise FrameError(f"frame length {length} exceeds {MAX_UNEXPECTED_BYTES}")
+    return Header(kind, Signature(op, dtype, redop, root, count), group, seq, length)

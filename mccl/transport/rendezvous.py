@@ -1,0 +1,223 @@
+"""Who talks to whom: publish each rank's listen address in the c10d store, share a per-job
+secret, and build the full mesh of authenticated connections of one group.
+
+Keys are namespaced per torchrun attempt, because torchrun keeps its store across elastic
+restarts and a dead attempt's keys are still there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+from typing import Protocol
+
+from . import handshake
+
+log = logging.getLogger("mccl.rendezvous")
+
+#: How long one unauthenticated connection may take to say hello before it is dropped.
+HELLO_TIMEOUT_S = 5.0
+#: Pause between attempts to reach a peer whose listener is not up yet.
+CONNECT_RETRY_S = 0.05
+LISTEN_BACKLOG = 128
+
+
+class Store(Protocol):
+    def set(self, key: str, value: str | bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+
+
+def group_hash(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0xFFFFFFFF
+
+
+def namespace(group_name: str) -> str:
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return f"mccl/{run}/{attempt}/{group_name}/"
+
+
+def _ifname_address(ifname: str) -> str | None:
+    """IPv4 address of an interface via SIOCGIFADDR (Linux and macOS constants)."""
+    if sys.platform.startswith("linux"):
+        req = 0x8915
+    elif sys.platform == "darwin":
+        req = 0xC0206921
+    else:
+        return None
+    name = ifname.encode()[:15]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        res = fcntl.ioctl(s.fileno(), req, struct.pack("16s24s", name, b"\0" * 24))
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return socket.inet_ntoa(res[20:24])
+
+
+def _route_address(master: str | None) -> str:
+    """The local address this host uses to reach the master (UDP connect sends nothing)."""
+    if master:
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                s.connect((socket.gethostbyname(master), 9))
+                return s.getsockname()[0]
+            finally:
+                s.close()
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def choose_address(ifname: str | None, master: str | None) -> str:
+    """Address to listen on and advertise: MCCL_SOCKET_IFNAME if set, else the master route."""
+    if ifname:
+        for name in ifname.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            addr = _ifname_address(name)
+            if addr:
+                return addr
+        known = ", ".join(n for _, n in socket.if_nameindex())
+        raise ValueError(
+            f"MCCL_SOCKET_IFNAME={ifname!r}: no IPv4 address on that interface "
+            f"(interfaces here: {known})"
+        )
+    return _route_address(master)
+
+
+def shared_secret(store: Store, ns: str, rank: int) -> bytes:
+    key = ns + "secret"
+    if rank == 0:
+        store.set(key, secrets.token_hex(32))
+    return bytes.fromhex(store.get(key).decode())
+
+
+class _Acceptor:
+    """Accept and authenticate connections until every expected peer has arrived."""
+
+    def __init__(self, listener: socket.socket, secret: bytes, group: int, rank: int,
+                 size: int, expected: set[int]):
+        self.listener = listener
+        self.secret, self.group, self.rank, self.size = secret, group, rank, size
+        self.expected = set(expected)
+        self.socks: dict[int, socket.socket] = {}
+        self.cond = threading.Condition()
+        self.stop = False
+        self.thread = threading.Thread(target=self._loop, name="mccl-accept", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self.stop:
+            with self.cond:
+                if self.expected <= set(self.socks):
+                    return
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
+
+    def _greet(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(HELLO_TIMEOUT_S)
+            raw = handshake.read_exact(conn, handshake.HELLO_SIZE)
+            src, nonce = handshake.parse_hello(raw, self.secret, self.group, self.rank, self.size)
+            with self.cond:
+                if src not in self.expected or src in self.socks:
+                    raise handshake.HandshakeError(f"unexpected or duplicate rank {src}")
+            conn.sendall(handshake.make_ack(self.secret, nonce, self.group, src, self.rank))
+            with self.cond:
+                if src in self.socks:
+                    raise handshake.HandshakeError(f"duplicate rank {src}")
+                self.socks[src] = conn
+                self.cond.notify_all()
+        except (OSError, handshake.HandshakeError) as e:
+            log.warning("rank %d dropped an incoming connection: %s", self.rank, e)
+            conn.close()
+
+    def wait(self, deadline: float) -> dict[int, socket.socket]:
+        with self.cond:
+            while not self.expected <= set(self.socks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(self.expected - set(self.socks))
+                    raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}")
+                self.cond.wait(min(left, 0.5))
+            return dict(self.socks)
+
+
+def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
+          deadline: float) -> socket.socket:
+    host, port = addr.rsplit(":", 1)
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
+            s.connect((host, int(port)))
+            hello, nonce = handshake.make_hello(secret, group, rank, peer)
+            s.sendall(hello)
+            ack = handshake.read_exact(s, handshake.ACK_SIZE)
+            handshake.check_ack(ack, secret, nonce, group, rank, peer)
+            return s
+        except handshake.HandshakeError:
+            s.close()
+            raise
+        except OSError as e:
+            last = e
+            s.close()
+            time.sleep(CONNECT_RETRY_S)
+    raise TimeoutError(f"rank {rank} could not connect to rank {peer} at {addr}: {last}")
+
+
+def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s: float,
+                 address: str) -> tuple[int, dict[int, socket.socket]]:
+    """Connect this rank to every other rank of the group; returns (group hash, sockets)."""
+    group = group_hash(group_name)
+    if size == 1:
+        return group, {}
+    ns = namespace(group_name)
+    deadline = time.monotonic() + timeout_s
+    secret = shared_secret(store, ns, rank)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((address, 0))
+        listener.listen(LISTEN_BACKLOG)
+        port = listener.getsockname()[1]
+        acceptor = _Acceptor(listener, secret, group, rank, size, set(range(rank + 1, size)))
+        store.set(f"{ns}addr/{rank}", f"{address}:{port}")
+        socks: dict[int, socket.socket] = {}
+        try:
+            for peer in range(rank):
+                addr = store.get(f"{ns}addr/{peer}").decode()
+                socks[peer] = _dial(addr, secret, group, rank, peer, deadline)
+            socks.update(acceptor.wait(deadline))
+        except BaseException:
+            for s in list(socks.values()) + list(acceptor.socks.values()):
+                s.close()
+            raise
+        finally:
+            acceptor.stop = True
+            acceptor.thread.join(timeout=1.0)
+    finally:
+        listener.close()
+    log.debug("rank %d connected to %d peers in group %s", rank, len(socks), group_name)
+    return group, socks

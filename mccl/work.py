@@ -1,0 +1,127 @@
+"""Work and Future plumbing: what every mccl op returns at once.
+
+The comm thread completes the Work (and its Future) when the op is done; ``wait`` raises the
+op's error, and lets the device adapter gate the consumer (O2) on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .errors import CollectiveError
+
+
+class Work(dist.Work):
+    """Completion handle of one mccl op."""
+
+    def __init__(self, op: str, result: list[torch.Tensor] | None = None,
+                 devices: list[torch.device] | None = None):
+        super().__init__()
+        self.op = op
+        self._result: list[torch.Tensor] = result if result is not None else []
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self._gate = None  # callable run on wait() by the waiting thread (device O2)
+        self._source_rank = -1
+        self._callbacks_lock = threading.Lock()
+
+    # ---- completion (comm thread) ----
+    def complete(self, gate=None, result_ctx=None) -> None:
+        self._gate = gate
+        self._done.set()
+        if result_ctx is not None:
+            with result_ctx():
+                self._future.set_result(self._result)
+        else:
+            self._future.set_result(self._result)
+
+    def fail(self, error: BaseException) -> None:
+        if self._done.is_set():
+            return
+        self._error = error
+        self._done.set()
+        self._future.set_exception(error)
+
+    def set_source_rank(self, rank: int) -> None:
+        self._source_rank = rank
+
+    # ---- torch.distributed.Work API ----
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        if not self._done.wait(secs if secs > 0 else None):
+            raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
+                                  op=self.op)
+        if self._error is not None:
+            raise self._error
+        if self._gate is not None:
+            self._gate()
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        if self._source_rank < 0:
+            raise ValueError("source_rank() is only defined for recv from any source")
+        return self._source_rank
+
+    def _source_rank_(self) -> int:  # pragma: no cover - torch private alias
+        return self.source_rank()
+
+
+class GroupWork(Work):
+    """Completes when every member Work has (used for coalescing managers)."""
+
+    def __init__(self, op: str, members: list[Work]):
+        result = [t for w in members for t in w._result]
+        super().__init__(op, result)
+        self._members = members
+        self._left = len(members)
+        if not members:
+            self.complete()
+            return
+        for w in members:
+            w._future.add_done_callback(self._member_done)
+
+    def _member_done(self, fut) -> None:
+        with self._callbacks_lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            errors = [w._error for w in self._members if w._error is not None]
+            if errors:
+                self.fail(errors[0])
+            else:
+                self.complete()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        for w in self._members:
+            w.wait(timeout)
+        return super().wait(timeout)
+
+
+def completed_work(op: str, result: list[torch.Tensor] | None = None) -> Work:
+    w = Work(op, result)
+    w.complete()
+    return w
