@@ -1,0 +1,96 @@
+"""Run a function on N real processes joined in a process group, with a hard timeout.
+
+Every multi-rank test goes through ``run_ranks`` so a hang fails fast (the processes are
+killed and the test fails naming the ranks that did not finish) instead of eating CI time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_timeout_s: float,
+           init: bool, args: tuple, q) -> None:
+    os.environ.update(env)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        import mccl  # noqa: F401 - registers the backend
+
+        if init:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=pg_timeout_s))
+        result = fn(rank, world, *args)
+        if init and dist.is_initialized():
+            dist.destroy_process_group()
+        q.put((rank, True, result))
+    except BaseException:  # noqa: BLE001 - report every failure to the parent
+        q.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mccl",
+              timeout: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
+              pg_timeout_s: float = 60.0, init: bool = True,
+              allow_fail: bool = False) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; return results by rank.
+
+    Raises AssertionError with the failing ranks' tracebacks, or if any rank does not finish
+    within ``timeout`` seconds (all processes are killed first). With ``allow_fail`` a rank's
+    traceback text is returned in its slot instead of raising.
+    """
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, daemon=True,
+                         args=(fn, r, world, port, backend, env or {}, pg_timeout_s, init, args, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[bool, Any]] = {}
+    import queue as _queue
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, ok, value = q.get(timeout=min(left, 1.0))
+            except _queue.Empty:
+                if all(not p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
+            results[rank] = (ok, value)
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    missing = sorted(set(range(world)) - set(results))
+    if missing:
+        detail = "\n".join(f"rank {r}: {v}" for r, (ok, v) in results.items() if not ok)
+        raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s\n{detail}")
+    failed = {r: v for r, (ok, v) in results.items() if not ok}
+    if failed and not allow_fail:
+        raise AssertionError("\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failed.items())))
+    return [results[r][1] for r in range(world)]
