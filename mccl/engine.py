@@ -105,6 +105,8 @@ class Engine:
         return job.work
 
     def _loop(self) -> None:
+        # Reductions follow torch semantics: overflow to inf/wrap silently, like torch ops do.
+        np.seterr(all="ignore")
         while True:
             job = self._q.get()
             if job is None:

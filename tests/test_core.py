@@ -1,0 +1,233 @@
+"""Issue #2: the core collectives on real processes over loopback, against exact values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+import torch
+
+from tests.multiproc import free_port, run_ranks
+
+SIZES = [0, 1, 2, 7, 1001, 65_536, 300_007]
+
+
+def _expect_sum(n: int, w: int) -> torch.Tensor:
+    base = torch.arange(n, dtype=torch.float64)
+    return base * w + sum(range(w))
+
+
+def _collectives(rank: int, w: int) -> str:
+    import torch.distributed as dist
+
+    checked = 0
+    for n in SIZES:
+        # all_reduce: integer-valued floats make every sum exact
+        t = torch.arange(n, dtype=torch.float32) + rank
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        assert work.is_completed()
+        assert torch.equal(t, _expect_sum(n, w).float()), f"all_reduce n={n}"
+        # broadcast from every root
+        for root in range(w):
+            b = torch.full((n,), float(rank)) if rank == root else torch.full((n,), -1.0)
+            dist.broadcast(b, src=root)
+            assert bool((b == root).all()), f"broadcast n={n} root={root}"
+        # all_gather (list) and all_gather_into_tensor
+        mine = torch.arange(n, dtype=torch.int64) * 10 + rank
+        outs = [torch.empty(n, dtype=torch.int64) for _ in range(w)]
+        dist.all_gather(outs, mine)
+        for r in range(w):
+            assert torch.equal(outs[r], torch.arange(n, dtype=torch.int64) * 10 + r)
+        flat = torch.empty(n * w, dtype=torch.int64)
+        dist.all_gather_into_tensor(flat, mine)
+        assert torch.equal(flat, torch.cat([torch.arange(n) * 10 + r for r in range(w)]))
+        # reduce_scatter_tensor: rank r contributes r+1 everywhere
+        inp = torch.full((n * w,), float(rank + 1))
+        out = torch.empty(n)
+        dist.reduce_scatter_tensor(out, inp)
+        assert bool((out == w * (w + 1) / 2).all()), f"reduce_scatter n={n}"
+        assert bool((inp == rank + 1).all()), "reduce_scatter must not modify its input"
+        # reduce to each root leaves non-roots unchanged
+        root = n % w
+        x = torch.arange(n, dtype=torch.float32) + rank
+        dist.reduce(x, dst=root)
+        want = _expect_sum(n, w).float() if rank == root else torch.arange(n).float() + rank
+        assert torch.equal(x, want), f"reduce n={n}"
+        checked += 5
+    # in-place on a view of a bigger tensor (DDP bucket views look like this)
+    big = torch.zeros(10, 100)
+    big[3] = rank + 1
+    dist.all_reduce(big[3])
+    assert bool((big[3] == w * (w + 1) / 2).all()) and bool((big[4] == 0).all())
+    dist.barrier()
+    # futures complete with the tensor
+    t = torch.ones(3)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    assert torch.equal(fut.wait()[0], torch.full((3,), float(w)))
+    # many outstanding async ops complete in order with correct values
+    ts = [torch.full((1000,), float(i + rank)) for i in range(20)]
+    works = [dist.all_reduce(x, async_op=True) for x in ts]
+    for i, (x, wk) in enumerate(zip(ts, works, strict=True)):
+        wk.wait()
+        assert bool((x == i * w + sum(range(w))).all())
+    return f"rank {rank}: {checked} checks"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_collectives_exact(world: int) -> None:
+    res = run_ranks(_collectives, world, timeout=180)
+    assert all("checks" in r for r in res)
+
+
+def _p2p(rank: int, w: int) -> None:
+    import torch.distributed as dist
+
+    nxt, prv = (rank + 1) % w, (rank - 1) % w
+    for n in [0, 5, 200_003]:
+        send = torch.arange(n, dtype=torch.float32) + 1000 * rank
+        recv = torch.empty(n)
+        # both orders of a ring exchange must work
+        ops = [dist.P2POp(dist.irecv, recv, prv), dist.P2POp(dist.isend, send, nxt)]
+        for wk in dist.batch_isend_irecv(ops):
+            wk.wait()
+        assert torch.equal(recv, torch.arange(n, dtype=torch.float32) + 1000 * prv)
+    # tags are matched, not arrival order
+    if rank == 0:
+        dist.send(torch.full((4,), 1.0), 1, tag=1)
+        dist.send(torch.full((4,), 2.0), 1, tag=2)
+    elif rank == 1:
+        a, b = torch.empty(4), torch.empty(4)
+        dist.recv(b, 0, tag=2)
+        dist.recv(a, 0, tag=1)
+        assert bool((a == 1).all()) and bool((b == 2).all())
+    dist.barrier()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_point_to_point(world: int) -> None:
+    run_ranks(_p2p, world, timeout=120)
+
+
+def _bad_input(rank: int, w: int) -> list[str]:
+    import torch.distributed as dist
+
+    errors = []
+    cases = [
+        lambda: dist.all_reduce(torch.ones(4, 4).t()),  # non-contiguous
+        lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND),  # op/dtype
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG),
+        lambda: dist.all_reduce(torch.ones(4, device="meta")),  # device
+        lambda: dist.all_gather([torch.ones(2)] * (w + 1), torch.ones(2)),  # list length
+        lambda: dist.all_gather_into_tensor(torch.ones(3), torch.ones(2)),  # output size
+        lambda: dist.reduce_scatter_tensor(torch.ones(2), torch.ones(3)),
+        lambda: dist.broadcast(torch.ones(2), src=w + 5),
+    ]
+    for case in cases:
+        try:
+            case()
+        except (TypeError, ValueError, RuntimeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        else:
+            errors.append("NO ERROR")
+    # the group is still usable
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    assert bool((t == w).all())
+    return errors
+
+
+def test_bad_input_raises_before_sending() -> None:
+    res = run_ranks(_bad_input, 2, timeout=90)
+    for errs in res:
+        assert "NO ERROR" not in errs, errs
+    text = "\n".join(res[0])
+    assert "contiguous" in text
+    assert "BAND" in text and "float32" in text
+    assert "AVG" in text and "int32" in text
+
+
+def _store_init(rank: int, w: int, port: int) -> float:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, w, is_master=rank == 0,
+                          timeout=timedelta(seconds=30))
+    dist.init_process_group("mccl", store=store, rank=rank, world_size=w)
+    assert dist.get_backend() == "mccl"
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def test_explicit_store() -> None:
+    port = free_port()
+    res = run_ranks(_store_init, 3, port, init=False, timeout=90)
+    assert res == [3.0, 3.0, 3.0]
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    import mccl
+    dist.init_process_group("mccl")
+    t = torch.full((1000,), float(dist.get_rank()))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    w = dist.get_world_size()
+    assert bool((t == (w - 1) / 2).all()), t[:3]
+    print("RESULT", dist.get_rank(), t[0].item(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_env_init(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("RESULT") == 3
+
+
+def _device_id_init(rank: int, w: int, port: int, kind: str) -> str:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    # init_process_group(device_id=...) only accepts the build's accelerator; pretend this
+    # CPU build has one so the path users take on Macs (mps:0) and GPUs (cuda:0) is exercised.
+    torch.accelerator.current_accelerator = lambda *a, **k: torch.device(kind)
+    torch.accelerator.device_count = lambda: 1
+    dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=w, device_id=torch.device(kind, 0))
+    pg = dist.group.WORLD
+    # torch sets bound_device_id on a placeholder group that a Python group replaces.
+    assert pg._get_backend(torch.device(kind, 0)) is pg
+    sub = dist.new_group([0, 1])  # new groups consult the bound device's backend too
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    dist.destroy_process_group()
+    return f"ok {t.tolist()}"
+
+
+@pytest.mark.parametrize("kind", ["cuda", "mps"])
+def test_device_id_init_path(kind: str) -> None:
+    port = free_port()
+    res = run_ranks(_device_id_init, 2, port, kind, init=False, timeout=90)
+    assert res == ["ok [2.0, 2.0]"] * 2
+
+
+def test_socket_ifname_unknown_interface_is_clear() -> None:
+    from mccl.transport.rendezvous import choose_address
+
+    with pytest.raises(ValueError, match="MCCL_SOCKET_IFNAME"):
+        choose_address("no-such-if0", None)
+    assert choose_address("lo", None) == "127.0.0.1"
