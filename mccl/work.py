@@ -6,6 +6,8 @@ op's error, and lets the device adapter gate the consumer (O2) on the caller's t
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from datetime import timedelta
 
@@ -13,6 +15,53 @@ import torch
 import torch.distributed as dist
 
 from .errors import CollectiveError
+
+log = logging.getLogger("mccl.work")
+
+
+class _Completer:
+    """Runs Future completions (and so user callbacks) off the comm thread.
+
+    A callback may issue another op and block on it (PowerSGD's hook does): on the comm
+    thread that would deadlock. One idle worker normally does all completions; when every
+    worker is stuck in a callback, another is started, so completions never wait behind one.
+    """
+
+    IDLE_EXIT_S = 30.0
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def run(self, fn) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._q.put(fn)
+        if spawn:
+            threading.Thread(target=self._worker, name="mccl-complete", daemon=True).start()
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                fn = self._q.get(timeout=self.IDLE_EXIT_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0 and self._q.empty():
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                fn()
+            except Exception:  # a failing user callback must not kill the worker
+                log.exception("future completion failed")
+            with self._lock:
+                self._idle += 1
+
+
+_COMPLETER = _Completer()
 
 
 class Work(dist.Work):
@@ -27,28 +76,34 @@ class Work(dist.Work):
         self._error: BaseException | None = None
         self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
-        self._source_rank = -1
+        self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
         self._callbacks_lock = threading.Lock()
 
     # ---- completion (comm thread) ----
     def complete(self, gate=None, result_ctx=None) -> None:
         self._gate = gate
         self._done.set()
-        if result_ctx is not None:
-            with result_ctx():
-                self._future.set_result(self._result)
-        else:
-            self._future.set_result(self._result)
+        fut, result = self._future, self._result
+
+        def finish() -> None:
+            if result_ctx is not None:
+                with result_ctx():
+                    fut.set_result(result)
+            else:
+                fut.set_result(result)
+
+        _COMPLETER.run(finish)
 
     def fail(self, error: BaseException) -> None:
         if self._done.is_set():
             return
         self._error = error
         self._done.set()
-        self._future.set_exception(error)
+        fut = self._future
+        _COMPLETER.run(lambda: fut.set_exception(error))
 
     def set_source_rank(self, rank: int) -> None:
-        self._source_rank = rank
+        self._src_rank = rank
 
     # ---- torch.distributed.Work API ----
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -82,11 +137,12 @@ class Work(dist.Work):
         return self._result
 
     def source_rank(self) -> int:
-        if self._source_rank < 0:
+        if self._src_rank < 0:
             raise ValueError("source_rank() is only defined for recv from any source")
-        return self._source_rank
+        return self._src_rank
 
-    def _source_rank_(self) -> int:  # pragma: no cover - torch private alias
+    def _source_rank(self) -> int:
+        """What ``dist.recv(t)`` (no src) calls to learn the sender's group rank."""
         return self.source_rank()
 
 
