@@ -17,7 +17,7 @@ UNIFIED_ENV = "MCCL_UNIFIED_COLLECTIVE"
 LOG_LEVEL_ENV = "MCCL_LOG_LEVEL"
 
 ENV_DOCS = {
-    SOCKET_IFNAME_ENV: "network interface for mccl traffic (default: the one that reaches the master)",
+    SOCKET_IFNAME_ENV: "network interface for mccl traffic (default: the route to the master)",
     UNIFIED_ENV: "1 (default): average in place in shared memory; 0: staging copies",
     LOG_LEVEL_ENV: "logging level of the 'mccl' logger (default WARNING)",
 }

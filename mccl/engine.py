@@ -2,7 +2,8 @@
 
 Ops of one group run in the order they were issued, on every rank, so a sequence number
 identifies an op across ranks. The first failure breaks the group: the reason goes to every
-peer in an error frame, and every pending or later op fails with it instead of hanging.
+peer in an error frame (forwarded unchanged, blaming the rank at fault), and every pending or
+later op fails with it instead of hanging. Shutting down or aborting fails whatever is queued.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .algorithms.base import Scratch
 from .device import Handoff
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature
-from .transport.tcp import Mesh, MismatchError, PeerError
+from .transport.tcp import ERROR_LINGER_S, Mesh, MismatchError, PeerError
 from .work import Work
 
 log = logging.getLogger("mccl.engine")
@@ -52,7 +53,9 @@ class OpChannel:
 
     def flush(self) -> None:
         if self._queued:
-            self.mesh.flush(sorted(self._queued), self.deadline)
+            # No absolute deadline: a large op may take longer than the group timeout; the
+            # sender threads fail after the timeout without progress instead.
+            self.mesh.flush(sorted(self._queued))
             self._queued.clear()
 
 
@@ -84,8 +87,10 @@ class Engine:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = 0
         self._seq_lock = threading.Lock()
+        self._busy = 0  # jobs submitted and not yet finished (guarded by _seq_lock)
         self.error: CollectiveError | None = None
         self._stopped = False
+        self._aborted = False
         self._thread = threading.Thread(target=self._loop, name=f"mccl-comm-{label}", daemon=True)
         self._thread.start()
 
@@ -93,57 +98,82 @@ class Engine:
     def seq(self) -> int:
         return self._seq
 
-    def submit(self, job: Job) -> Work:
-        if self._stopped:
-            raise CollectiveError(f"mccl {job.name}: process group {self.label} was shut down",
-                                  op=job.name)
-        with self._seq_lock:
+    def submit(self, job: Job, inline: bool = False) -> Work:
+        """Queue ``job``; with ``inline`` (a blocking small collective on host memory) run it
+        on the caller's thread instead when nothing else is queued or running, saving two
+        thread hand-offs of latency. Ops still run strictly in issue order."""
+        with self._seq_lock:  # shutdown() takes it too: no job can land behind the sentinel
+            if self._stopped:
+                how = "aborted" if self._aborted else "shut down"
+                raise CollectiveError(
+                    f"mccl {job.name}: process group '{self.label}' was {how}", op=job.name)
             if job.collective:
                 self._seq += 1
                 job.seq = self._seq
-            self._q.put(job)
+            self._busy += 1
+            run_here = inline and self._busy == 1
+            if not run_here:
+                self._q.put(job)
+        if run_here:
+            try:
+                self._execute(job)
+            finally:
+                with self._seq_lock:
+                    self._busy -= 1
         return job.work
 
     def _loop(self) -> None:
-        # Reductions follow torch semantics: overflow to inf/wrap silently, like torch ops do.
-        np.seterr(all="ignore")
         while True:
             job = self._q.get()
             if job is None:
                 return
-            if self.error is not None:
-                job.work.fail(self._later_error(job))
-                continue
             try:
+                self._execute(job)
+            finally:
+                with self._seq_lock:
+                    self._busy -= 1
+
+    def _execute(self, job: Job) -> None:
+        if self.error is not None:
+            job.work.fail(self._later_error(job))
+            return
+        mesh = self.mesh
+        try:
+            with np.errstate(all="ignore"):  # overflow wraps/saturates silently, as in torch
+                mesh.begin_op(job.seq if job.collective else 0, job.sig)
                 hosts = job.handoff.acquire()
-                ch = OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+                ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
                 job.body(ch, hosts)
                 job.handoff.release()
-            except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
-                err = self._wrap(job, e)
-                self.error = err
-                log.error("%s", err)
-                job.work.fail(err)
-                if not self.mesh.closed:
-                    self.mesh.fail(str(err))
-                continue
-            job.work.complete(job.handoff.gate(), job.handoff.result_context())
+                mesh.end_op()
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
+            err = self._wrap(job, e)
+            self.error = err
+            log.error("%s", err)
+            job.work.fail(err)
+            if not mesh.closed:
+                # Forward the original reason (not our wrapper) so messages do not nest.
+                mesh.fail(getattr(e, "origin", None) or str(err), err.peer, job.seq)
+            return
+        job.work.complete(job.handoff.gate(), job.handoff.result_context())
 
     def _where(self, job: Job) -> str:
         op = f"op #{job.seq}" if job.collective else "p2p"
         return f"mccl {job.name} ({op}) on rank {self.mesh.rank} of group '{self.label}'"
 
     def _wrap(self, job: Job, e: BaseException) -> CollectiveError:
-        peer = getattr(e, "peer", None)
-        if self.mesh.closed and not isinstance(e, (MismatchError,)):
-            cause = f"process group was aborted or shut down ({e})"
+        peer = getattr(e, "culprit", getattr(e, "peer", None))
+        if self.mesh.closed and not self.mesh.failed and not isinstance(e, MismatchError):
+            # Our own close() cut the connections: the peers did nothing wrong.
+            peer = None
+            what = f"the process group was {'aborted' if self._aborted else 'shut down'}"
         else:
             cause = str(e) or type(e).__name__
+            kind = "collective mismatch" if isinstance(e, MismatchError) else (
+                "peer failure" if isinstance(e, PeerError) else type(e).__name__)
+            what = cause if cause.startswith(kind) else f"{kind}: {cause}"
         who = f" [peer rank {peer}]" if peer is not None else ""
-        kind = "collective mismatch" if isinstance(e, MismatchError) else (
-            "peer failure" if isinstance(e, PeerError) else type(e).__name__)
-        err = CollectiveError(f"{self._where(job)} failed{who}: {kind}: {cause}", op=job.name,
-                              peer=peer)
+        err = CollectiveError(f"{self._where(job)} failed{who}: {what}", op=job.name, peer=peer)
         err.__cause__ = e
         return err
 
@@ -154,23 +184,36 @@ class Engine:
             op=job.name, peer=self.error.peer)
 
     def shutdown(self, abort: bool = False, drain_s: float = 5.0) -> None:
-        """Stop the comm thread. Without ``abort``, queued ops finish first (bounded)."""
-        if self._stopped:
-            return
-        self._stopped = True
+        """Stop the comm thread. Without ``abort``, queued ops finish first (bounded by
+        ``drain_s``, then the connections are cut); with it, they fail at once. Either way every
+        queued op's Work completes and no thread stays blocked on this group."""
+        with self._seq_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._aborted = abort
+            if abort:
+                self.error = self.error or CollectiveError(
+                    f"mccl process group '{self.label}' was aborted", op="abort")
+            self._q.put(None)
+        mesh = self.mesh
         if abort:
-            self.error = self.error or CollectiveError(
-                f"mccl process group '{self.label}' was aborted", op="abort")
-            self.mesh.close()
-        self._q.put(None)
-        self._thread.join(timeout=None if abort else drain_s)
+            mesh.close()
+        self._thread.join(timeout=drain_s)
         if self._thread.is_alive():
-            self.mesh.close()
+            log.warning("mccl group '%s': ops still running after %.0fs at shutdown; cutting "
+                        "the connections", self.label, drain_s)
+            mesh.close()
             self._thread.join(timeout=drain_s)
-        if not abort and not self.mesh.closed:
-            try:  # let queued bytes reach the peers before the sockets go
-                self.mesh.flush([p.rank for p in self.mesh.peers if p is not None],
-                                time.monotonic() + drain_s)
+            if self._thread.is_alive():
+                log.error("mccl group '%s': comm thread did not stop", self.label)
+        if not mesh.closed:
+            peers = [p.rank for p in mesh.peers if p is not None]
+            deadline = time.monotonic() + (drain_s if self.error is None else ERROR_LINGER_S)
+            try:  # let queued bytes (or our error frames) reach the peers before we go
+                mesh.flush(peers, deadline, poll=False)
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
-        self.mesh.dispose()
+            if self.error is None:
+                mesh.say_bye(deadline)
+        mesh.dispose()

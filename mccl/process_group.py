@@ -80,6 +80,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._timeout = timeout
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self._label = group_name or "default"
+        self._group_name = group_name or ""
         timeout_s = timeout.total_seconds()
         address = choose_address(cfg.socket_ifname, _master_addr(store))
         group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
@@ -98,6 +99,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
+
+    # c10d keeps a group's name on its backends; a Python group has none, so ``group_name``
+    # (DeviceMesh, functional collectives, FSDP2) needs these overrides of the C++ virtuals.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - c10d's name
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - c10d's name
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
 
     def _get_backend(self, device=None):
         """A Python group is its own backend for every device (init_process_group(device_id=...)
@@ -179,14 +190,22 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True) -> Work:
+                collective: bool = True, opts=None) -> Work:
         device = self._device_of(name, tensors)
         adapter = self._adapter(device)
-        handoff = adapter.prepare(tensors, reads, writes)
+        # c10d ops are outside autograd: detached views share storage, and numpy() refuses
+        # tensors that require grad (DDP with create_graph=True hands those in).
+        handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective)
-        self._engine.submit(job)
+        # A blocking small collective on host memory runs on the caller's thread when the
+        # group is idle (async ops never do: they must not block the caller).
+        inline = (collective and self._coalesced is None and opts is not None
+                  and getattr(opts, "asyncOp", True) is False
+                  and (device is None or device.type == "cpu")
+                  and sum(t.numel() * t.element_size() for t in tensors) <= coll.SMALL_BYTES)
+        self._engine.submit(job, inline=inline)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -204,7 +223,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
-                            [t], [True], [True], [t])
+                            [t], [True], [True], [t], opts=opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"
@@ -221,7 +240,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.all_reduce_many(ch, h, redop, scratch),
-                            tensors, flags, flags, tensors)
+                            tensors, flags, flags, tensors, opts=opts)
 
     def broadcast(self, tensors, opts=None):
         op_name = "broadcast"
@@ -237,7 +256,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.BROADCAST, t.dtype, root=root, count=t.numel())
         is_root = self.rank() == root
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root),
-                            [t], [is_root], [not is_root], [t])
+                            [t], [is_root], [not is_root], [t], opts=opts)
 
     def reduce(self, tensors, opts=None):
         op_name = "reduce"
@@ -251,7 +270,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
-                            [t], [True], [is_root], [t])
+                            [t], [True], [is_root], [t], opts=opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         op_name = "all_gather"
@@ -269,9 +288,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.ALL_GATHER, inp.dtype, count=sum(o.numel() for o in outs))
         n = len(outs)
         return self._submit(op_name, sig, lambda ch, h: coll.all_gather(ch, h[:n], h[n]),
-                            outs + [inp], [False] * n + [True], [True] * n + [False], outs)
+                            outs + [inp], [False] * n + [True], [True] * n + [False], outs,
+                            opts=opts)
 
-    def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor):
+    def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor,
+                        opts=None):
         self._same_dtype(op_name, [output, inp])
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
@@ -283,17 +304,24 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             coll.all_gather(ch, [flat[i * n:(i + 1) * n] for i in range(w)], h[1])
 
         return self._submit(op_name, sig, body, [output, inp], [False, True], [True, False],
-                            [output])
+                            [output], opts=opts)
 
     def _allgather_base(self, output, input, opts=None):
-        return self._allgather_flat("all_gather_into_tensor", output, input)
+        return self._allgather_flat("all_gather_into_tensor", output, input, opts)
 
     def all_gather_single(self, output, input, opts=None):
-        return self._allgather_flat("all_gather_into_tensor", output, input)
+        return self._allgather_flat("all_gather_into_tensor", output, input, opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists,
-                                                                           input_list, strict=True)]
+        """c10d's layout: ``output_lists[rank][i]`` receives that rank's ``input_list[i]``."""
+        inputs = list(input_list)
+        by_rank = [list(lst) for lst in output_lists]
+        if len(by_rank) != self.size() or any(len(lst) != len(inputs) for lst in by_rank):
+            raise ValueError("mccl all_gather_coalesced: expected one output list per rank "
+                             f"({self.size()}) of {len(inputs)} tensors each, got "
+                             f"{[len(lst) for lst in by_rank]}")
+        works = [self.allgather([[lst[i] for lst in by_rank]], [inp], opts)
+                 for i, inp in enumerate(inputs)]
         return GroupWork("all_gather_coalesced", works)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -330,7 +358,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         return self._submit(op_name, sig,
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root),
                             outs + [inp], [False] * n + [True], [True] * n + [False],
-                            [outs] if is_root else [])
+                            [outs] if is_root else [], opts=opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         op_name = "scatter"
@@ -354,7 +382,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         n = len(ins)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root),
-                            ins + [out], [True] * n + [False], [False] * n + [True], [out])
+                            ins + [out], [True] * n + [False], [False] * n + [True], [out],
+                            opts=opts)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op_name = "reduce_scatter"
@@ -374,7 +403,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         n = len(ins)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce_scatter(ch, h[n], h[:n], redop, scratch),
-                            ins + [out], [True] * n + [False], [False] * n + [True], [out])
+                            ins + [out], [True] * n + [False], [False] * n + [True], [out],
+                            opts=opts)
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -393,7 +423,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                 scratch)
 
         return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
-                            [output])
+                            [output], opts=opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
@@ -429,7 +459,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             [coll.as_bytes(t) for t in h[w:]])
 
         return self._submit(op_name, sig, body, outs + ins, [False] * w + [True] * w,
-                            [True] * w + [False] * w, outs)
+                            [True] * w + [False] * w, outs, opts=opts)
 
     def _split_rows(self, op_name: str, t: torch.Tensor, splits, what: str) -> list[int]:
         w = self.size()
@@ -474,7 +504,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             cut(coll.as_bytes(h[1]), in_rows, row_in))
 
         return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
-                            [output])
+                            [output], opts=opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
@@ -484,7 +514,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.BARRIER)
         scratch = self._engine.scratch
         return self._submit("barrier", sig, lambda ch, h: coll.barrier(ch, scratch),
-                            [], [], [], [])
+                            [], [], [], [], opts=opts)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
         """Rank 0 collects a token from every rank within ``timeout`` and names the missing."""
