@@ -16,11 +16,20 @@ from .reduce import UPCAST, Op, finisher, reducer
 #: At or below this many bytes, all-reduce and broadcast use log2(n)-round algorithms instead
 #: of the ring (measured on loopback and on emulated 1 Gbit links; see benchmarks/).
 SMALL_BYTES = 64 << 10
+#: Up to this many bytes (and ranks), reduce-scatter / all-gather / all-reduce exchange
+#: segments directly with every peer: one or two latency steps instead of 2(n-1), the same
+#: bytes per link. Above it the ring, which keeps one stream per link at any scale.
+DIRECT_MAX_BYTES = 4 << 20
+DIRECT_MAX_RANKS = 16
+
+
+def _direct(nbytes: int, world: int) -> bool:
+    return nbytes <= DIRECT_MAX_BYTES and world <= DIRECT_MAX_RANKS
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
     """Flat uint8 numpy view of a contiguous CPU tensor (any dtype, zero-copy)."""
-    flat = t.reshape(-1)
+    flat = t.detach().reshape(-1)
     if flat.numel() == 0:
         return np.empty(0, dtype=np.uint8)
     return flat.view(torch.uint8).numpy()
@@ -28,7 +37,7 @@ def as_bytes(t: torch.Tensor) -> np.ndarray:
 
 def as_array(t: torch.Tensor) -> np.ndarray:
     """Flat typed numpy view of a contiguous CPU tensor of a numpy dtype (zero-copy)."""
-    return t.reshape(-1).numpy()
+    return t.detach().reshape(-1).numpy()
 
 
 class _Reducible:
@@ -36,6 +45,7 @@ class _Reducible:
     ``commit`` rounds half types back once."""
 
     def __init__(self, t: torch.Tensor, copy: bool):
+        t = t.detach()
         self.t = t
         up = UPCAST.get(t.dtype)
         if up is not None:
@@ -57,6 +67,8 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
     fn, fin = reducer(op, red.work.dtype), finisher(op, ch.size)
     if red.arr.nbytes <= SMALL_BYTES:
         doubling.all_reduce(ch, red.arr, fn, fin, scratch)
+    elif _direct(red.arr.nbytes, ch.size):
+        direct.all_reduce(ch, red.arr, fn, fin, scratch)
     else:
         ring.all_reduce(ch, red.arr, fn, fin, scratch)
     red.commit()
@@ -83,41 +95,61 @@ def broadcast(ch: Channel, t: torch.Tensor, root: int) -> None:
         ring.broadcast(ch, buf, root)
 
 
+def _segments(arr: np.ndarray, world: int) -> list[np.ndarray]:
+    offs = split(arr.shape[0], world)
+    return [arr[offs[i]:offs[i + 1]] for i in range(world)]
+
+
+def _reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, fn, fin,
+                    scratch: Scratch) -> None:
+    if _direct(sum(s.nbytes for s in src), ch.size):
+        direct.reduce_scatter(ch, src, out, fn, fin, scratch)
+        ch.flush()
+    else:
+        ring.reduce_scatter(ch, src, out, fn, fin, scratch)
+
+
 def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) -> None:
     """Reduce to ``root``; other ranks' tensors are left unchanged."""
-    red = _Reducible(t, copy=ch.rank != root)
+    is_root = ch.rank == root
+    small = t.numel() * t.element_size() <= SMALL_BYTES
+    red = _Reducible(t, copy=small and not is_root)
     fn, fin = reducer(op, red.work.dtype), finisher(op, ch.size)
-    if red.arr.nbytes <= SMALL_BYTES:
+    if small:
         doubling.all_reduce(ch, red.arr, fn, fin, scratch)
     else:
-        offs = split(red.arr.shape[0], ch.size)
-        segs = [red.arr[offs[i]:offs[i + 1]] for i in range(ch.size)]
-        ring.reduce_scatter(ch, segs, fn, fin, scratch)
-        direct.gather(ch, segs[ch.rank], segs if ch.rank == root else None, root)
-    if ch.rank == root:
+        segs = _segments(red.arr, ch.size)
+        # out of place: the input is only read; rank r's reduced segment lands in `mine`
+        mine = segs[ch.rank] if is_root else np.empty_like(segs[ch.rank])
+        _reduce_scatter(ch, segs, mine, fn, fin, scratch)
+        direct.gather(ch, mine, segs if is_root else None, root)
+    if is_root:
         red.commit()
 
 
 def reduce_scatter(ch: Channel, out: torch.Tensor, inputs: list[torch.Tensor], op: Op,
                    scratch: Scratch) -> None:
-    """out = reduction over ranks of inputs[rank]; inputs are left unchanged."""
-    flat = torch.cat([t.reshape(-1) for t in inputs]) if inputs else out.reshape(-1)[:0]
-    red = _Reducible(flat, copy=False)  # torch.cat already made a private copy
-    fn, fin = reducer(op, red.work.dtype), finisher(op, ch.size)
-    segs, off = [], 0
-    for t in inputs:
-        segs.append(red.arr[off:off + t.numel()])
-        off += t.numel()
-    ring.reduce_scatter(ch, segs, fn, fin, scratch)
-    out.reshape(-1).copy_(torch.from_numpy(segs[ch.rank]))
+    """out = reduction over ranks of inputs[rank]; inputs are only read (no copy of them,
+    except the float32 copy that half types reduce in)."""
+    up = UPCAST.get(out.dtype)
+    if up is not None:
+        src = [t.reshape(-1).to(up).numpy() for t in inputs]
+        work = torch.empty(out.numel(), dtype=up)
+    else:
+        src = [as_array(t) for t in inputs]
+        work = out.reshape(-1)
+    fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
+    _reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
+    if up is not None:
+        out.reshape(-1).copy_(work)
 
 
 def all_gather(ch: Channel, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
     segs = [as_bytes(o) for o in outs]
-    mine = as_bytes(inp)
-    if segs[ch.rank].ctypes.data != mine.ctypes.data:
-        segs[ch.rank][...] = mine
-    ring.all_gather(ch, segs)
+    if _direct(sum(s.nbytes for s in segs), ch.size):
+        direct.all_gather(ch, segs, as_bytes(inp))
+    else:
+        ring.all_gather(ch, segs, as_bytes(inp))
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

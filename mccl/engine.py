@@ -22,10 +22,13 @@ from .algorithms.base import Scratch
 from .device import Handoff
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature
-from .transport.tcp import ERROR_LINGER_S, Mesh, MismatchError, PeerError
+from .transport.tcp import Mesh, MismatchError, PeerError
 from .work import Work
 
 log = logging.getLogger("mccl.engine")
+
+#: At shutdown after a failure, how long queued error frames get to reach the peers.
+ERROR_FLUSH_S = 1.0
 
 
 class OpChannel:
@@ -50,6 +53,14 @@ class OpChannel:
 
     def recv(self, peer: int, buf: np.ndarray) -> None:
         self.mesh.recv_data(peer, self.seq, self.sig, buf)
+
+    def mark(self) -> list:
+        """Token for the sends queued so far (a buffer they read may be reused after wait)."""
+        return self.mesh.mark(sorted(self._queued)) if self._queued else []
+
+    def wait(self, token: list) -> None:
+        if token:
+            self.mesh.wait_marks(token)
 
     def flush(self) -> None:
         if self._queued:
@@ -209,7 +220,8 @@ class Engine:
                 log.error("mccl group '%s': comm thread did not stop", self.label)
         if not mesh.closed:
             peers = [p.rank for p in mesh.peers if p is not None]
-            deadline = time.monotonic() + (drain_s if self.error is None else ERROR_LINGER_S)
+            # After a failure only our error frames are left to go out: a short, bounded wait.
+            deadline = time.monotonic() + (drain_s if self.error is None else ERROR_FLUSH_S)
             try:  # let queued bytes (or our error frames) reach the peers before we go
                 mesh.flush(peers, deadline, poll=False)
             except Exception:  # noqa: BLE001 - best effort at teardown

@@ -25,7 +25,8 @@ class Op(IntEnum):
     BXOR = 8
 
 
-Reducer = Callable[[np.ndarray, np.ndarray], None]
+#: ``reduce(a, b, out=None)``: ``out = a (op) b``; in place into ``a`` when out is None.
+Reducer = Callable[..., None]
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -34,26 +35,26 @@ UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 SUPPORTED_DTYPES = FLOAT_DTYPES + INT_DTYPES + (torch.bool,)
 
 _ARITH: dict[Op, Reducer] = {
-    Op.SUM: lambda d, s: np.add(d, s, out=d),
-    Op.AVG: lambda d, s: np.add(d, s, out=d),
-    Op.PRODUCT: lambda d, s: np.multiply(d, s, out=d),
-    Op.MIN: lambda d, s: np.minimum(d, s, out=d),
-    Op.MAX: lambda d, s: np.maximum(d, s, out=d),
+    Op.SUM: lambda d, s, o=None: np.add(d, s, out=d if o is None else o),
+    Op.AVG: lambda d, s, o=None: np.add(d, s, out=d if o is None else o),
+    Op.PRODUCT: lambda d, s, o=None: np.multiply(d, s, out=d if o is None else o),
+    Op.MIN: lambda d, s, o=None: np.minimum(d, s, out=d if o is None else o),
+    Op.MAX: lambda d, s, o=None: np.maximum(d, s, out=d if o is None else o),
 }
 _BITWISE: dict[Op, Reducer] = {
-    Op.BAND: lambda d, s: np.bitwise_and(d, s, out=d),
-    Op.BOR: lambda d, s: np.bitwise_or(d, s, out=d),
-    Op.BXOR: lambda d, s: np.bitwise_xor(d, s, out=d),
+    Op.BAND: lambda d, s, o=None: np.bitwise_and(d, s, out=d if o is None else o),
+    Op.BOR: lambda d, s, o=None: np.bitwise_or(d, s, out=d if o is None else o),
+    Op.BXOR: lambda d, s, o=None: np.bitwise_xor(d, s, out=d if o is None else o),
 }
 # bool follows torch's own semantics for bool tensors: sum/max are "any", product/min "all".
 _BOOL: dict[Op, Reducer] = {
-    Op.SUM: lambda d, s: np.logical_or(d, s, out=d),
-    Op.MAX: lambda d, s: np.logical_or(d, s, out=d),
-    Op.BOR: lambda d, s: np.logical_or(d, s, out=d),
-    Op.PRODUCT: lambda d, s: np.logical_and(d, s, out=d),
-    Op.MIN: lambda d, s: np.logical_and(d, s, out=d),
-    Op.BAND: lambda d, s: np.logical_and(d, s, out=d),
-    Op.BXOR: lambda d, s: np.logical_xor(d, s, out=d),
+    Op.SUM: lambda d, s, o=None: np.logical_or(d, s, out=d if o is None else o),
+    Op.MAX: lambda d, s, o=None: np.logical_or(d, s, out=d if o is None else o),
+    Op.BOR: lambda d, s, o=None: np.logical_or(d, s, out=d if o is None else o),
+    Op.PRODUCT: lambda d, s, o=None: np.logical_and(d, s, out=d if o is None else o),
+    Op.MIN: lambda d, s, o=None: np.logical_and(d, s, out=d if o is None else o),
+    Op.BAND: lambda d, s, o=None: np.logical_and(d, s, out=d if o is None else o),
+    Op.BXOR: lambda d, s, o=None: np.logical_xor(d, s, out=d if o is None else o),
 }
 
 
@@ -73,7 +74,7 @@ def check(op: Op, dtype: torch.dtype) -> None:
 
 
 def reducer(op: Op, dtype: torch.dtype) -> Reducer:
-    """The in-place ``dst = dst (op) src`` for host arrays of ``dtype`` (after upcast)."""
+    """``reduce(a, b, out=None)`` for host arrays of ``dtype`` (after upcast)."""
     check(op, dtype)
     if dtype == torch.bool:
         return _BOOL[op]

@@ -13,7 +13,7 @@ import torch
 
 from tests.multiproc import free_port, run_ranks
 
-SIZES = [0, 1, 2, 7, 1001, 65_536, 300_007]
+SIZES = [0, 1, 2, 7, 1001, 65_536, 300_007, 1_300_003]  # small, direct and ring paths
 
 
 def _expect_sum(n: int, w: int) -> torch.Tensor:

@@ -7,7 +7,8 @@ from typing import Protocol
 
 import numpy as np
 
-Reducer = Callable[[np.ndarray, np.ndarray], None]
+#: ``reduce(a, b, out=None)``: ``out = a (op) b`` element-wise; in place into ``a`` by default.
+Reducer = Callable[..., None]
 Finisher = Callable[[np.ndarray], None] | None
 
 #: Target bytes per pipelined chunk; the ring splits each segment into about this much.
@@ -35,6 +36,14 @@ class Channel(Protocol):
 
     def flush(self) -> None: ...
 
+    def mark(self) -> object:
+        """A token for every send queued so far."""
+        ...
+
+    def wait(self, token: object) -> None:
+        """Block until the sends before ``mark`` no longer read their buffers."""
+        ...
+
 
 def split(n: int, parts: int) -> list[int]:
     """Offsets of ``parts`` nearly equal pieces of ``n`` (sizes differ by at most one)."""
@@ -60,13 +69,21 @@ def chunks(seg: np.ndarray, k: int) -> list[np.ndarray]:
 
 
 class Scratch:
-    """One reusable receive buffer, grown on demand (never per op or per chunk)."""
+    """Reusable buffers, grown on demand (never allocated per op or per chunk).
+
+    Slot 0 is the chunk-sized receive buffer; out-of-place reduce-scatter also uses two
+    segment-sized slots for the partial sums in flight.
+    """
 
     def __init__(self) -> None:
-        self._buf = np.empty(0, dtype=np.uint8)
+        self._bufs: dict[int, np.ndarray] = {}
 
-    def get(self, like: np.ndarray) -> np.ndarray:
-        need = like.nbytes
-        if self._buf.nbytes < need:
-            self._buf = np.empty(max(need, 1), dtype=np.uint8)
-        return self._buf[:need].view(like.dtype)
+    def get(self, like: np.ndarray, slot: int = 0) -> np.ndarray:
+        return self.take(like.nbytes, like.dtype, slot)
+
+    def take(self, nbytes: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
+        buf = self._bufs.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+            self._bufs[slot] = buf
+        return buf[:nbytes].view(dtype)

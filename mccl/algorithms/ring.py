@@ -22,30 +22,27 @@ from .base import (
 )
 
 
-def _run(ch: Channel, segs: list[np.ndarray], reduce: Reducer | None, finish: Finisher,
-         scratch: Scratch | None, reduce_phase: bool, gather_phase: bool,
-         chunk_bytes: int | None = None) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
+               scratch: Scratch, chunk_bytes: int | None = None) -> None:
+    """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline."""
     w, r = ch.size, ch.rank
     if w == 1:
-        if finish is not None and reduce_phase:
-            finish(segs[0])
+        if finish is not None:
+            finish(buf)
         return
+    offs = split(buf.shape[0], w)
+    segs = [buf[offs[i]:offs[i + 1]] for i in range(w)]
     nxt, prv = (r + 1) % w, (r - 1) % w
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
     pieces = [chunks(s, k) for s in segs]
     # (segment received at this step, reduce it?) in schedule order
-    steps: list[tuple[int, bool]] = []
-    if reduce_phase:
-        steps += [((r - s - 2) % w, True) for s in range(w - 1)]
-    if gather_phase:
-        steps += [((r - s - 1) % w, False) for s in range(w - 1)]
-    first = (r - 1) % w if reduce_phase else r
-    for c in pieces[first]:
+    steps = [((r - s - 2) % w, True) for s in range(w - 1)]
+    steps += [((r - s - 1) % w, False) for s in range(w - 1)]
+    for c in pieces[(r - 1) % w]:
         if c.size:
             ch.send(nxt, c)
-    last_reduce = w - 2 if reduce_phase else -1
+    last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
-        forward = i < len(steps) - 1
         for c in pieces[seg]:
             if not c.size:
                 continue
@@ -57,29 +54,76 @@ def _run(ch: Channel, segs: list[np.ndarray], reduce: Reducer | None, finish: Fi
                     finish(c)
             else:
                 ch.recv(prv, c)
-            if forward:
+            if i < last:
                 ch.send(nxt, c)
     ch.flush()
 
 
-def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
-               scratch: Scratch, chunk_bytes: int | None = None) -> None:
-    """In-place all-reduce of a flat buffer: reduce-scatter then all-gather."""
-    offs = split(buf.shape[0], ch.size)
-    segs = [buf[offs[i]:offs[i + 1]] for i in range(ch.size)]
-    _run(ch, segs, reduce, finish, scratch, True, True, chunk_bytes)
+def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: Reducer,
+                   finish: Finisher, scratch: Scratch, chunk_bytes: int | None = None) -> None:
+    """Out of place: ``out`` = reduction over ranks of their ``src[rank]``; ``src`` unchanged.
+
+    Partial sums travel through two segment-sized buffers used alternately; before a buffer
+    is overwritten, the sends that read it two steps earlier are waited for.
+    """
+    w, r = ch.size, ch.rank
+    if w == 1:
+        out[...] = src[0]
+        if finish is not None:
+            finish(out)
+        return
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
+    longest = max(s.shape[0] for s in src)
+    spare = [scratch.take(longest * out.itemsize, out.dtype, slot) for slot in (1, 2)]
+    for c in chunks(src[(r - 1) % w], k):
+        if c.size:
+            ch.send(nxt, c)
+    marks: list[object] = []
+    for s in range(w - 1):
+        x = (r - s - 2) % w
+        last = s == w - 2
+        if s >= 2:
+            ch.wait(marks[s - 2])
+        dest = out if last else spare[s % 2][:src[x].shape[0]]
+        for c_in, c_out in zip(chunks(src[x], k), chunks(dest, k), strict=True):
+            if not c_in.size:
+                continue
+            tmp = scratch.get(c_in)
+            ch.recv(prv, tmp)
+            reduce(c_in, tmp, c_out)
+            if not last:
+                ch.send(nxt, c_out)
+            elif finish is not None:
+                finish(c_out)
+        marks.append(ch.mark())
+    ch.flush()
 
 
-def reduce_scatter(ch: Channel, segs: list[np.ndarray], reduce: Reducer, finish: Finisher,
-                   scratch: Scratch, chunk_bytes: int | None = None) -> None:
-    """In place over ``segs`` (one per rank, any sizes): afterwards segs[rank] holds the
-    reduction of every rank's segs[rank]; the other segments hold partial sums."""
-    _run(ch, segs, reduce, finish, scratch, True, False, chunk_bytes)
-
-
-def all_gather(ch: Channel, segs: list[np.ndarray], chunk_bytes: int | None = None) -> None:
-    """segs[rank] is filled on entry; afterwards every segs[i] holds rank i's segment."""
-    _run(ch, segs, None, None, None, False, True, chunk_bytes)
+def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
+               chunk_bytes: int | None = None) -> None:
+    """Afterwards every segs[i] holds rank i's segment. The own segment is sent straight from
+    ``mine`` (if given) and copied into segs[rank] while the first sends are on the wire."""
+    w, r = ch.size, ch.rank
+    copy_mine = mine is not None and segs[r].ctypes.data != mine.ctypes.data
+    src = mine if copy_mine else segs[r]
+    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    if w > 1:
+        for c in chunks(src, k):
+            if c.size:
+                ch.send(nxt, c)
+    if copy_mine:
+        segs[r][...] = mine
+    for s in range(w - 1):
+        forward = s < w - 2
+        for c in chunks(segs[(r - s - 1) % w], k):
+            if not c.size:
+                continue
+            ch.recv(prv, c)
+            if forward:
+                ch.send(nxt, c)
+    ch.flush()
 
 
 def broadcast(ch: Channel, buf: np.ndarray, root: int, chunk_bytes: int | None = None) -> None:

@@ -4,10 +4,19 @@ and framed receives straight into caller memory.
 One thread owns each socket direction: the peer's sender thread writes, the group's comm
 thread reads. Small payloads may be written inline by the comm thread, under the peer's send
 lock, when the sender thread has nothing queued (saves a thread hand-off per message).
+
+Failure semantics (never hang, never corrupt): a blocked receive wakes every ``probe_s``
+(SO_RCVTIMEO) and, off the hot path, looks at the other connections: error frames, dead peers
+(EOF without a BYE) and stale or mismatched frames raise at once; the first time it blocks in an
+op it tells every peer what it waits in (a STATE frame), so ranks that issued different ops at
+the same sequence number find out even when no data flows. Silence from the awaited peer for the
+group timeout raises, unless that peer reported it is itself waiting for a third rank (then
+that rank's neighbour reports the real culprit first).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import selectors
@@ -21,11 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .framing import (
+    BYE,
     DATA,
     ERROR,
     HEADER_SIZE,
     MAX_ERROR_BYTES,
     P2P,
+    STATE,
+    STATE_PAYLOAD,
     FrameError,
     Header,
     Signature,
@@ -41,15 +53,39 @@ SOCKET_BUFFER_BYTES = 8 << 20
 INLINE_MAX_BYTES = 64 << 10
 #: How long a failing rank keeps its sockets open so its error frame can reach the peers.
 ERROR_LINGER_S = 3.0
+#: How often a blocked receive wakes up to check the other connections (SO_RCVTIMEO).
+PROBE_S = 1.0
+#: A send without progress fails after this many group timeouts (SO_SNDTIMEO).
+SEND_TIMEOUT_FACTOR = 2
+#: Ops whose signatures are remembered to explain stale frames and late probes.
+HISTORY = 64
+#: Frames of other peers up to this size are read ahead (stashed) while blocked, so error
+#: frames queued behind them are seen; larger ones are left in the socket.
+POLL_STASH_MAX = 1 << 20
+#: Unexpected payloads are allocated in steps of this size as bytes actually arrive, so a
+#: corrupt length cannot make us allocate memory nobody sends.
+STASH_STEP = 16 << 20
+#: Frames read from one peer per poll before moving on.
+POLL_FRAMES = 64
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
+_PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+_TIMEOUTS = (BlockingIOError, TimeoutError)
 
 
 class PeerError(ConnectionError):
-    """A failure attributable to one peer rank (closed connection, timeout, error frame)."""
+    """A failure attributable to one peer rank (closed connection, timeout, error frame).
 
-    def __init__(self, peer: int, message: str):
+    ``peer`` is the connection it was seen on; ``culprit`` the rank to blame (a peer's error
+    frame may name a third rank); ``origin`` the reason text a peer's error frame carried, which
+    is forwarded unchanged so messages do not nest.
+    """
+
+    def __init__(self, peer: int, message: str, culprit: int | None = None,
+                 origin: str | None = None):
         super().__init__(message)
         self.peer = peer
+        self.culprit = peer if culprit is None else culprit
+        self.origin = origin
 
 
 class MismatchError(RuntimeError):
@@ -58,6 +94,7 @@ class MismatchError(RuntimeError):
     def __init__(self, peer: int, message: str):
         super().__init__(message)
         self.peer = peer
+        self.culprit = peer
 
 
 def _timeval(seconds: float) -> bytes:
@@ -79,7 +116,7 @@ def _buffer_cap_allows(target: int) -> bool:
         return False
 
 
-def tune_socket(sock: socket.socket, timeout_s: float) -> None:
+def tune_socket(sock: socket.socket, timeout_s: float, probe_s: float | None = None) -> None:
     """Options every data connection gets; all exist on Linux and macOS."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -90,11 +127,15 @@ def tune_socket(sock: socket.socket, timeout_s: float) -> None:
             except OSError:
                 pass
     # Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) fills a whole buffer in one
-    # call, and a stalled peer still surfaces as an error after the group timeout.
+    # call; a receive wakes every probe_s to look around. A send gives up after twice the group
+    # timeout without progress: a stalled rank is reported by whoever receives from it after
+    # one timeout, and ranks whose sends back up behind it learn that from error frames
+    # instead of blaming the neighbour that merely stopped reading.
     sock.settimeout(None)
-    tv = _timeval(max(timeout_s, 0.001))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    rcv = probe_s if probe_s is not None else timeout_s
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(max(rcv, 0.001)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    _timeval(max(SEND_TIMEOUT_FACTOR * timeout_s, 0.001)))
 
 
 def _as_bytes(buf) -> memoryview:
@@ -111,23 +152,43 @@ class _Marker:
     event: threading.Event
 
 
+def _stall_alone(p: Peer, got: int, stall: list | None) -> list:
+    """Stall handler of a Peer outside a Mesh: give up after the timeout."""
+    now = time.monotonic()
+    if stall is None or stall[1] != got:
+        return [now - p.probe_s if stall is None else now, got]
+    if now - stall[0] >= p.timeout_s:
+        raise PeerError(p.rank, f"no data from rank {p.rank} for {now - stall[0]:.0f}s "
+                                "(group timeout)")
+    return stall
+
+
 class Peer:
     """One connected peer: the socket, its sender thread and the frames read ahead of time."""
 
-    def __init__(self, rank: int, sock: socket.socket, timeout_s: float, label: str):
+    def __init__(self, rank: int, sock: socket.socket, timeout_s: float, label: str,
+                 probe_s: float | None = None):
         self.rank = rank
         self.sock = sock
         self.timeout_s = timeout_s
+        self.probe_s = probe_s if probe_s is not None else timeout_s
         self.label = label
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._pending = 0  # queued items not yet written; guarded by _count_lock
         self._count_lock = threading.Lock()
         self._write_lock = threading.Lock()  # held while bytes go into the socket
         self._thread: threading.Thread | None = None
+        self._stopping = False  # set under _count_lock; nothing is queued after the sentinel
         self.send_error: BaseException | None = None
         self.coll_stash: deque[tuple[Header, bytearray]] = deque()
         self.p2p_stash: list[tuple[Header, bytearray]] = []
         self._hdr = bytearray(HEADER_SIZE)
+        #: Called by recv_exact when the socket timed out: (peer, bytes got, state) -> state.
+        self.on_stall: Callable[[Peer, int, list | None], list] = _stall_alone
+        self.bye = False  # the peer announced a clean shutdown
+        self.eof = False  # the peer's side is closed (after a BYE)
+        #: Last STATE probe: (seq, signature, rank it waits for).
+        self.state: tuple[int, Signature, int] | None = None
 
     # ---- sending (sender thread, or inline when idle) ----
     def _start(self) -> None:
@@ -140,10 +201,13 @@ class Peer:
     def enqueue(self, header: bytes, payload,
                 on_done: Callable[[BaseException | None], None] | None = None) -> None:
         """Queue a frame; ``payload`` (bytes-like) must stay unchanged until it is written."""
-        with self._count_lock:
+        with self._count_lock:  # put under the lock: nothing may follow stop()'s sentinel
+            if self._stopping:
+                raise PeerError(self.rank, f"connection to rank {self.rank} is closed")
             self._pending += 1
-        self._start()
-        self._q.put((header, payload, on_done))
+            if self._thread is None:
+                self._start()
+            self._q.put((header, payload, on_done))
 
     def send_inline(self, header: bytes, payload) -> bool:
         """Write a small frame now if nothing is queued ahead of it; False if busy."""
@@ -165,16 +229,16 @@ class Peer:
             self._write_lock.release()
 
     def marker(self) -> threading.Event:
-        """An event set once everything queued so far has been handed to the kernel."""
+        """An event set once everything queued so far has been handed to the kernel (or
+        failed)."""
         ev = threading.Event()
         with self._count_lock:
-            idle = self._pending == 0
+            idle = self._pending == 0 or self._stopping
             if not idle:
                 self._pending += 1
+                self._q.put((None, _Marker(ev), None))
         if idle:
             ev.set()
-        else:
-            self._q.put((None, _Marker(ev), None))
         return ev
 
     def _write(self, header: bytes, payload) -> None:
@@ -195,7 +259,7 @@ class Peer:
         while True:
             header, payload, on_done = self._q.get()
             if header is None and payload is None:
-                return  # shutdown
+                return  # shutdown: the sentinel is the last item ever queued
             if isinstance(payload, _Marker):
                 payload.event.set()
             elif self.send_error is None:
@@ -213,11 +277,27 @@ class Peer:
                     log.exception("send completion callback failed")
 
     def _send_failure(self) -> PeerError:
-        return PeerError(self.rank, f"sending to rank {self.rank} failed: {self.send_error}")
+        e = self.send_error
+        if isinstance(e, _TIMEOUTS) or getattr(e, "errno", None) in (errno.EAGAIN,
+                                                                   errno.EWOULDBLOCK):
+            return PeerError(self.rank, f"rank {self.rank} accepted no data for "
+                                        f"{SEND_TIMEOUT_FACTOR * self.timeout_s:.0f}s "
+                                        "(twice the group timeout)")
+        return PeerError(self.rank, f"sending to rank {self.rank} failed: {e}")
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._q.put((None, None, None))
+        """Let the sender thread finish what is queued (writes fail fast once the socket is
+        shut down) and exit; later sends raise and later markers are set at once."""
+        with self._count_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            if self._thread is not None:
+                self._q.put((None, None, None))
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     # ---- receiving (comm thread only) ----
     def recv_exact(self, buf) -> None:
@@ -225,40 +305,46 @@ class Peer:
         n = len(mv)
         got = 0
         sock = self.sock
+        stall = None
         while got < n:
             try:
                 k = sock.recv_into(mv[got:], n - got, _WAITALL)
-            except (BlockingIOError, TimeoutError) as e:
-                raise PeerError(
-                    self.rank,
-                    f"no data from rank {self.rank} for {self.timeout_s:.0f}s (group timeout)",
-                ) from e
+            except _TIMEOUTS:
+                stall = self.on_stall(self, got, stall)  # raises past the group timeout
+                continue
             except OSError as e:
-                raise PeerError(self.rank, f"connection to rank {self.rank} failed: {e}") from e
+                raise self._conn_error(e) from e
             if k == 0:
-                raise PeerError(self.rank, f"rank {self.rank} closed the connection")
+                raise self._closed_error()
             got += k
 
-    def read_header(self) -> Header:
-        self.recv_exact(self._hdr)
-        try:
-            hdr = unpack_header(self._hdr)
-        except FrameError as e:
-            raise PeerError(self.rank, f"malformed frame from rank {self.rank}: {e}") from e
-        if hdr.kind == ERROR:
-            reason = bytearray(hdr.length)
-            self.recv_exact(reason)
-            text = reason.decode("utf-8", "replace")
-            raise PeerError(self.rank, f"rank {self.rank} failed: {text}")
-        return hdr
+    def _conn_error(self, e: OSError) -> PeerError:
+        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+            return PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
+                                        f"exited or was killed?): {e}")
+        return PeerError(self.rank, f"connection to rank {self.rank} failed: {e}")
+
+    def _closed_error(self) -> PeerError:
+        if self.bye:
+            return PeerError(self.rank, f"rank {self.rank} shut the group down and closed the "
+                                        "connection")
+        return PeerError(self.rank, f"rank {self.rank} closed the connection (process exited "
+                                    "or was killed?)")
 
     def read_payload(self, hdr: Header, limit: int) -> bytearray:
-        if hdr.length > limit:
-            raise PeerError(
-                self.rank, f"rank {self.rank} sent an unexpected frame of {hdr.length} bytes"
-            )
-        data = bytearray(hdr.length)
-        self.recv_exact(data)
+        """Read an unexpected payload (to stash); memory grows only as bytes arrive."""
+        n = hdr.length
+        if n > limit:
+            raise PeerError(self.rank, f"rank {self.rank} sent an unexpected frame of {n} bytes")
+        if n <= STASH_STEP:
+            data = bytearray(n)
+            self.recv_exact(data)
+            return data
+        data = bytearray()
+        while len(data) < n:
+            piece = bytearray(min(STASH_STEP, n - len(data)))
+            self.recv_exact(piece)
+            data += piece
         return data
 
 
@@ -279,25 +365,76 @@ class Mesh:
         label: str,
         describe: Callable[[Signature], str] | None = None,
         max_unexpected: int = 1 << 32,
+        probe_s: float = PROBE_S,
     ):
         self.rank = rank
         self.size = size
         self.group = group
         self.timeout_s = timeout_s
+        self.probe_s = max(0.01, min(probe_s, timeout_s / 2))
         self.describe = describe
         self.max_unexpected = max_unexpected
         self.peers: list[Peer | None] = [None] * size
         for r, s in peers.items():
-            tune_socket(s, timeout_s)
-            self.peers[r] = Peer(r, s, timeout_s, label)
+            tune_socket(s, timeout_s, self.probe_s)
+            p = Peer(r, s, timeout_s, label, self.probe_s)
+            p.on_stall = self._stalled
+            self.peers[r] = p
         self.closed = False
+        self.failed = False
         self._close_lock = threading.Lock()
+        # What this rank is doing (comm thread): current op (seq 0 outside collectives), the
+        # last completed collective, and the signatures of recent ones.
+        self.cur_seq = 0
+        self.cur_sig = Signature(0)
+        self.done_seq = 0
+        self._hist: list[tuple[int, Signature] | None] = [None] * HISTORY
+        self._ahead: dict[int, list[tuple[int, Signature]]] = {}  # probes for ops not begun
+        self._probed: tuple[int, int] | None = None
+        self._polling = False
 
     def peer(self, r: int) -> Peer:
         p = self.peers[r]
         if p is None:
-            raise ValueError(f"rank {r} is not a peer of rank {self.rank} in a group of {self.size}")
+            raise ValueError(
+                f"rank {r} is not a peer of rank {self.rank} in a group of {self.size}")
         return p
+
+    def _live(self) -> list[Peer]:
+        return [p for p in self.peers if p is not None]
+
+    # ---- op bookkeeping (comm thread, once per op) ----
+    def begin_op(self, seq: int, sig: Signature) -> None:
+        """Record the op this rank is in (seq 0: not a collective); checks probes that peers
+        sent for it before this rank got here."""
+        self.cur_seq = seq
+        self.cur_sig = sig
+        if seq:
+            self._hist[seq % HISTORY] = (seq, sig)
+            if self._ahead:
+                for r, theirs in self._ahead.pop(seq, ()):
+                    self._compare(r, seq, theirs)
+
+    def end_op(self) -> None:
+        if self.cur_seq:
+            self.done_seq = self.cur_seq
+        self.cur_seq = 0
+
+    def _issued(self, seq: int) -> Signature | None:
+        h = self._hist[seq % HISTORY]
+        return h[1] if h is not None and h[0] == seq else None
+
+    def _compare(self, r: int, seq: int, theirs: Signature) -> None:
+        mine = self._issued(seq)
+        if mine is not None and mine != theirs:
+            raise MismatchError(r, self._mismatch_text(r, seq, mine, seq, theirs))
+
+    def _mismatch_text(self, r: int, seq: int, mine: Signature, their_seq: int,
+                       theirs: Signature) -> str:
+        d = self.describe
+        return (f"collective mismatch: rank {self.rank} issued op #{seq} "
+                f"{describe_signature(mine, d)}, but rank {r} issued op #{their_seq} "
+                f"{describe_signature(theirs, d)}")
 
     # ---- sends ----
     def send(self, peer: int, kind: int, sig: Signature, seq: int, payload, tag: int = 0,
@@ -320,34 +457,129 @@ class Mesh:
         p.enqueue(header, payload, on_done)
         return False
 
-    def flush(self, peers: Sequence[int], deadline: float) -> None:
-        """Wait until every frame queued to ``peers`` has been handed to the kernel."""
-        events = [(r, self.peer(r).marker()) for r in peers]
+    def flush(self, peers: Sequence[int], deadline: float | None = None,
+              poll: bool = True) -> None:
+        """Wait until every frame queued to ``peers`` has been handed to the kernel.
+
+        Without ``deadline`` this relies on the sender thread, whose writes fail after the
+        group timeout without progress; meanwhile it keeps looking at the other connections.
+        """
+        self.wait_marks(self.mark(peers), deadline, poll)
+
+    def mark(self, peers: Sequence[int]) -> list[tuple[int, threading.Event]]:
+        """A token for 'everything queued to ``peers`` so far'; see ``wait_marks``."""
+        return [(r, self.peer(r).marker()) for r in peers]
+
+    def wait_marks(self, events: list[tuple[int, threading.Event]],
+                   deadline: float | None = None, poll: bool = True) -> None:
+        """Wait until the frames queued before ``mark`` have been handed to the kernel."""
         for r, ev in events:
-            if not ev.wait(max(0.0, deadline - time.monotonic())):
-                raise PeerError(r, f"sending to rank {r} made no progress before the timeout")
+            while not ev.wait(self.probe_s):
+                if self.closed:
+                    raise PeerError(r, "the process group was shut down")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise PeerError(r, f"sending to rank {r} made no progress before the "
+                                       "timeout")
+                if poll and not self._polling:
+                    self._probe(r)
+                    self._poll(None)
             p = self.peer(r)
             if p.send_error is not None:
                 raise p._send_failure()
 
     # ---- receives (comm thread) ----
+    def _header(self, p: Peer) -> Header:
+        """Read the next frame header from ``p``; control frames are handled here (ERROR
+        raises, STATE is recorded and checked, BYE is noted) and returned for the caller to
+        skip."""
+        p.recv_exact(p._hdr)
+        try:
+            hdr = unpack_header(p._hdr)
+        except FrameError as e:
+            raise PeerError(p.rank, f"malformed frame from rank {p.rank}: {e}") from e
+        if hdr.kind > P2P:
+            self._control(p, hdr)
+        return hdr
+
+    def _control(self, p: Peer, hdr: Header) -> None:
+        if hdr.kind == ERROR:
+            reason = bytearray(hdr.length)
+            p.recv_exact(reason)
+            text = reason.decode("utf-8", "replace")
+            blamed = hdr.sig.root
+            if blamed == self.rank:  # this rank is the one the others gave up on
+                raise PeerError(p.rank, f"rank {p.rank} gave up on rank {self.rank}: {text}",
+                                origin=text)
+            culprit = blamed if 0 <= blamed < self.size else p.rank
+            raise PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
+                            origin=text)
+        if hdr.kind == STATE:
+            raw = bytearray(STATE_PAYLOAD.size)
+            p.recv_exact(raw)
+            (waits_for,) = STATE_PAYLOAD.unpack(raw)
+            p.state = (hdr.seq, hdr.sig, waits_for)
+            if hdr.seq:
+                if hdr.seq > max(self.cur_seq, self.done_seq):
+                    self._ahead.setdefault(hdr.seq, []).append((p.rank, hdr.sig))
+                else:
+                    self._compare(p.rank, hdr.seq, hdr.sig)
+        elif hdr.kind == BYE:
+            p.bye = True
+
+    def _aside(self, p: Peer, hdr: Header) -> None:
+        """A frame that is not the awaited one: stash data, fail on a BYE."""
+        if hdr.kind == P2P:
+            p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+        elif hdr.kind == DATA:
+            self._check_early(p, hdr)
+            p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+        elif hdr.kind == BYE:
+            raise PeerError(p.rank, f"rank {p.rank} shut the group down while rank {self.rank} "
+                                    "still waits for it")
+
+    def _check_early(self, p: Peer, hdr: Header) -> None:
+        """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
+        if hdr.seq <= self.done_seq and hdr.seq != self.cur_seq:
+            mine = self._issued(hdr.seq)
+            if mine is not None and mine != hdr.sig:
+                raise MismatchError(p.rank, self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq,
+                                                                hdr.sig))
+            raise MismatchError(
+                p.rank, f"collective mismatch: rank {p.rank} sent rank {self.rank} data for op "
+                        f"#{hdr.seq} {describe_signature(hdr.sig, self.describe)} that rank "
+                        f"{self.rank} did not expect (it completed that op)")
+        if hdr.seq == self.cur_seq and hdr.sig != self.cur_sig:
+            raise MismatchError(p.rank, self._mismatch_text(p.rank, hdr.seq, self.cur_sig,
+                                                            hdr.seq, hdr.sig))
+
     def _check(self, p: Peer, hdr: Header, seq: int, sig: Signature, nbytes: int) -> None:
         if hdr.group != self.group:
             raise MismatchError(p.rank, f"rank {p.rank} sent a frame of another group")
         if hdr.seq != seq or hdr.sig != sig:
-            mine = describe_signature(sig, self.describe)
-            theirs = describe_signature(hdr.sig, self.describe)
-            raise MismatchError(
-                p.rank,
-                f"collective mismatch: rank {self.rank} issued op #{seq} {mine}, "
-                f"but rank {p.rank} issued op #{hdr.seq} {theirs}",
-            )
+            raise MismatchError(p.rank, self._frame_mismatch(p, hdr, seq, sig))
         if hdr.length != nbytes:
             raise MismatchError(
                 p.rank,
                 f"collective mismatch in op #{seq} {describe_signature(sig, self.describe)}: "
                 f"rank {p.rank} sent {hdr.length} bytes where rank {self.rank} expects {nbytes}",
             )
+
+    def _frame_mismatch(self, p: Peer, hdr: Header, seq: int, sig: Signature) -> str:
+        """Explain a frame that does not belong to the op this rank is receiving for."""
+        d = self.describe
+        if hdr.seq == seq:
+            return self._mismatch_text(p.rank, seq, sig, seq, hdr.sig)
+        if hdr.seq < seq:  # a frame of an op this rank completed without it
+            mine = self._issued(hdr.seq)
+            if mine is not None and mine != hdr.sig:
+                return self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq, hdr.sig)
+            return (f"collective mismatch: rank {p.rank} sent data of op #{hdr.seq} "
+                    f"{describe_signature(hdr.sig, d)} that rank {self.rank} completed without "
+                    f"it; rank {self.rank} is at op #{seq} {describe_signature(sig, d)}")
+        return (f"collective mismatch: rank {self.rank} issued op #{seq} "
+                f"{describe_signature(sig, d)}, but rank {p.rank} completed that op without "
+                f"rank {self.rank}'s data and already sent data of its op #{hdr.seq} "
+                f"{describe_signature(hdr.sig, d)}: it issued a different op #{seq}")
 
     def recv_data(self, peer: int, seq: int, sig: Signature, buf) -> None:
         """Receive the next collective frame from ``peer`` into ``buf`` (exact length)."""
@@ -359,9 +591,9 @@ class Mesh:
             mv[:] = data
             return
         while True:
-            hdr = p.read_header()
-            if hdr.kind == P2P:
-                p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+            hdr = self._header(p)
+            if hdr.kind != DATA:
+                self._aside(p, hdr)
                 continue
             self._check(p, hdr, seq, sig, len(mv))
             p.recv_exact(mv)
@@ -386,15 +618,12 @@ class Mesh:
 
     def _read_one(self, p: Peer, tag: int, mv: memoryview) -> bool:
         """Read one frame from ``p``; True if it was the awaited p2p message (now in mv)."""
-        hdr = p.read_header()
-        if hdr.kind == DATA:
-            p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
-            return False
-        if hdr.sig.root == tag:
+        hdr = self._header(p)
+        if hdr.kind == P2P and hdr.sig.root == tag:
             self._take_p2p(p, hdr, tag, mv)
             p.recv_exact(mv)
             return True
-        p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+        self._aside(p, hdr)
         return False
 
     def recv_p2p(self, peer: int, tag: int, buf) -> None:
@@ -408,35 +637,159 @@ class Mesh:
     def recv_p2p_any(self, tag: int, buf, deadline: float) -> int:
         """Receive a p2p message with ``tag`` from whichever peer sends first; return its rank."""
         mv = _as_bytes(buf)
-        live = [p for p in self.peers if p is not None]
+        live = self._live()
         for p in live:
             if self._from_stash(p, tag, mv):
                 return p.rank
         with selectors.DefaultSelector() as sel:
             for p in live:
-                sel.register(p.sock, selectors.EVENT_READ, p)
+                if not p.eof:
+                    sel.register(p.sock, selectors.EVENT_READ, p)
             while True:
+                if self.closed:
+                    raise PeerError(self.rank, "the process group was shut down")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"no message with tag {tag} from any rank before the timeout")
-                for key, _ in sel.select(min(left, 1.0)):
-                    if self._read_one(key.data, tag, mv):
-                        return key.data.rank
+                    raise TimeoutError(
+                        f"no message with tag {tag} from any rank before the timeout")
+                if not sel.get_map():
+                    raise PeerError(self.rank, "every peer shut the group down")
+                for key, _ in sel.select(min(left, self.probe_s)):
+                    p = key.data
+                    if p.bye and self._at_eof(p):
+                        sel.unregister(p.sock)
+                        continue
+                    if self._read_one(p, tag, mv):
+                        return p.rank
 
-    # ---- failure ----
-    def fail(self, reason: str) -> None:
-        """Tell every peer why this rank gives up, then close the connections shortly after."""
+    # ---- the slow path: blocked for probe_s or more ----
+    def _stalled(self, p: Peer, got: int, stall: list | None) -> list:
+        """Called by ``p.recv_exact`` each time its socket timed out (comm thread)."""
+        now = time.monotonic()
+        if self.closed:
+            raise PeerError(p.rank, "the process group was shut down")
+        if stall is None or stall[1] != got:
+            stall = [now - self.probe_s if stall is None else now, got]
+        waited = now - stall[0]
+        if waited >= self.timeout_s and not self._excused(p, waited):
+            raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
+                                    "(group timeout)")
+        if not self._polling:
+            self._probe(p.rank)
+            self._poll(p)
+        return stall
+
+    def _excused(self, p: Peer, waited: float) -> bool:
+        """The awaited peer said it is itself blocked in this op on a third rank: give that
+        rank's neighbour time to report the real culprit (at most one more timeout)."""
+        st = p.state
+        return (st is not None and st[0] != 0 and st[0] == self.cur_seq
+                and st[2] not in (-1, self.rank) and waited < 2 * self.timeout_s)
+
+    def _probe(self, waits_for: int) -> None:
+        """Tell every peer, once per (op, awaited rank), what this rank is blocked in."""
+        key = (self.cur_seq, waits_for)
+        if key == self._probed:
+            return
+        self._probed = key
+        payload = STATE_PAYLOAD.pack(waits_for)
+        header = pack_header(STATE, self.cur_sig, self.group, self.cur_seq, len(payload))
+        for q in self._live():
+            if q.send_error is None and not q.bye:
+                try:
+                    q.enqueue(header, payload)
+                except PeerError:
+                    pass
+
+    def _at_eof(self, q: Peer) -> bool:
+        try:
+            raw = q.sock.recv(1, _PEEK)
+        except _TIMEOUTS:
+            return False
+        except OSError:
+            return True
+        if raw:
+            return False
+        q.eof = True
+        return True
+
+    def _poll(self, awaited: Peer | None) -> None:
+        """Read what the other peers sent without blocking: error frames and probes are handled,
+        small frames stashed, EOF without a BYE (a dead process) raises."""
+        self._polling = True
+        try:
+            for q in self.peers:
+                if q is None or q is awaited or q.eof:
+                    continue
+                for _ in range(POLL_FRAMES):
+                    try:
+                        raw = q.sock.recv(HEADER_SIZE, _PEEK)
+                    except _TIMEOUTS:
+                        break
+                    except OSError as e:
+                        raise q._conn_error(e) from e
+                    if not raw:
+                        if q.bye:
+                            q.eof = True
+                            break
+                        raise q._closed_error()
+                    if len(raw) < HEADER_SIZE:
+                        break
+                    try:
+                        peeked = unpack_header(raw)
+                    except FrameError as e:
+                        raise PeerError(q.rank, f"malformed frame from rank {q.rank}: {e}") from e
+                    if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
+                        if peeked.kind == DATA:
+                            self._check_early(q, peeked)
+                        break
+                    self._aside_polled(q, self._header(q))
+        finally:
+            self._polling = False
+
+    def _aside_polled(self, q: Peer, hdr: Header) -> None:
+        if hdr.kind == P2P:
+            q.p2p_stash.append((hdr, q.read_payload(hdr, self.max_unexpected)))
+        elif hdr.kind == DATA:
+            self._check_early(q, hdr)
+            q.coll_stash.append((hdr, q.read_payload(hdr, self.max_unexpected)))
+
+    # ---- failure and shutdown ----
+    def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
+        """Tell every peer why this rank gives up (blaming ``culprit`` if known), then close
+        the connections shortly after."""
+        if self.failed:
+            return
+        self.failed = True
         text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-        header = pack_header(ERROR, Signature(0), self.group, 0, len(text))
-        for p in self.peers:
-            if p is not None and p.send_error is None:
+        blamed = culprit if culprit is not None else -1
+        header = pack_header(ERROR, Signature(0, root=blamed), self.group, seq, len(text))
+        for p in self._live():
+            if p.send_error is None and not p.eof:
                 try:
                     p.enqueue(header, text)
-                except Exception:  # best effort
+                except Exception:  # noqa: BLE001 - best effort
                     pass
         t = threading.Timer(ERROR_LINGER_S, self.close)
         t.daemon = True
         t.start()
+
+    def say_bye(self, deadline: float) -> None:
+        """Clean shutdown: tell every peer, so a rank still blocked elsewhere does not take the
+        closing connection for a crash."""
+        header = pack_header(BYE, Signature(0), self.group, 0, 0)
+        sent = []
+        for p in self._live():
+            if p.send_error is None and not p.eof:
+                try:
+                    p.enqueue(header, b"")
+                    sent.append(p.rank)
+                except PeerError:
+                    pass
+        try:
+            self.flush(sent, deadline, poll=False)
+        except PeerError:
+            pass
 
     def close(self) -> None:
         """Shut every socket down; unblocks any thread waiting on them."""
@@ -444,21 +797,21 @@ class Mesh:
             if self.closed:
                 return
             self.closed = True
-        for p in self.peers:
-            if p is None:
-                continue
+        for p in self._live():
             p.stop()
             try:
                 p.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
-    def dispose(self) -> None:
+    def dispose(self, join_s: float = 2.0) -> None:
         """Close and release the sockets once no thread uses them any more."""
         self.close()
-        for p in self.peers:
-            if p is not None:
-                try:
-                    p.sock.close()
-                except OSError:
-                    pass
+        deadline = time.monotonic() + join_s
+        for p in self._live():
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._live():
+            try:
+                p.sock.close()
+            except OSError:
+                pass
