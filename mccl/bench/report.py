@@ -194,14 +194,16 @@ def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: flo
     series: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault((r["backend"], r["op"], r["world_size"]), []).append(r)
-    styles = {"mccl": "-", "gloo": "--"}
+    styles = {"mccl": "-", "gloo": "--"}  # colour = op x world size, line style = backend
+    keys = sorted({(op, world) for _, op, world in series})
+    colours = {k: f"C{i % 10}" for i, k in enumerate(keys)}
     for (backend, op, world), pts in sorted(series.items()):
         pts = sorted(pts, key=lambda r: r["size"])
         xs = [r["size"] for r in pts]
-        label = f"{backend} {op} n={world}"
-        ls = styles.get(backend, ":")
-        ax_bw.plot(xs, [r["busbw_gbs"] for r in pts], ls, marker="o", ms=3, label=label)
-        ax_t.plot(xs, [r["time_us"] for r in pts], ls, marker="o", ms=3, label=label)
+        kw = dict(ls=styles.get(backend, ":"), color=colours[(op, world)], marker="o", ms=3,
+                  label=f"{backend} {op} n={world}")
+        ax_bw.plot(xs, [r["busbw_gbs"] for r in pts], **kw)
+        ax_t.plot(xs, [r["time_us"] for r in pts], **kw)
     if ceiling_bps:
         ax_bw.axhline(ceiling_bps / 1e9, color="k", lw=1, alpha=0.6,
                       label=f"TCP ceiling {ceiling_bps / 1e9:.3f} GB/s")

@@ -93,7 +93,7 @@ def available_backends() -> list[str]:
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
@@ -124,7 +124,7 @@ class _Ranks:
         if cluster is not None:
             master, port = cluster.addr(0), random.randint(*CLUSTER_PORT_RANGE)
         else:
-            master, port = LOOPBACK, _free_port()
+            master, port = LOOPBACK, free_port()
         pypath = os.environ.get("PYTHONPATH", "")
         base_env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port),
                         WORLD_SIZE=str(world), OMP_NUM_THREADS=str(wcfg["threads"]),
@@ -134,9 +134,11 @@ class _Ranks:
             base_env["MCCL_SOCKET_IFNAME"] = cluster.iface
         argv = [sys.executable, "-m", "mccl.bench.worker", "--config", json.dumps(wcfg)]
         try:
-            for rank in range(world):
-                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank),
-                           LOCAL_WORLD_SIZE=str(world))
+            hosts = cluster.n_hosts if cluster is not None else 1
+            for rank in range(world):  # rank r runs on host r % hosts
+                per_host = len(range(rank % hosts, world, hosts))
+                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank // hosts),
+                           LOCAL_WORLD_SIZE=str(per_host))
                 logf = logdir / f"{backend}-n{world}-rank{rank}-{len(list(logdir.iterdir()))}.log"
                 self.logs.append(logf)
                 with open(logf, "wb") as errf:
@@ -158,13 +160,12 @@ class _Ranks:
             if proc.stdout:
                 proc.stdout.close()
 
-    def crashed(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first rank that exited non-zero, if any."""
-        for rank, proc in enumerate(self.procs):
-            rc = proc.poll()
-            if rc not in (None, 0):
-                return rank, rc
-        return None
+    def crashed(self) -> str | None:
+        """'rank 1 exited with code 3' for every rank that exited non-zero, or None."""
+        bad = [(r, p.poll()) for r, p in enumerate(self.procs) if p.poll() not in (None, 0)]
+        if not bad:
+            return None
+        return ", ".join(f"rank {r} exited with code {rc}" for r, rc in bad)
 
     def logs_tail(self) -> str:
         parts = [f"rank{r}: {t}" for r, p in enumerate(self.logs) if (t := _tail(p))]
@@ -257,7 +258,7 @@ def _run_once(backend: str, world: int, cfg: BenchConfig, ops: list[str],
             crash = ranks.crashed()
             if crash and not done:
                 time.sleep(0.2)  # let rank 0's last lines arrive before giving up
-                return fail(f"rank {crash[0]} exited with code {crash[1]}")
+                return fail(ranks.crashed() or crash)
         end = time.monotonic() + EXIT_TIMEOUT_S  # done: ranks should exit by themselves
         for proc in ranks.procs:
             try:

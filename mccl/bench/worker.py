@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 EVENT_PREFIX = "MCCLBENCH "
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 MIN_ITERS = 3  # even when the time budget says fewer
+# Fault injection for the runner's own tests: "hang:OP,crash:OP2" makes the last rank sleep
+# forever / exit 3 when that op starts, to prove deadlines and relaunches work.
+FAULT_ENV = "MCCL_BENCH_FAULT"
+FAULT_EXIT_CODE = 3
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -85,6 +89,22 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
             "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, world), "check": check_ok}
 
 
+def _maybe_fault(op: str, rank: int, world: int) -> None:
+    faults = {}
+    for spec in os.environ.get(FAULT_ENV, "").split(","):
+        kind, _, target = spec.partition(":")
+        faults[target] = kind
+    kind = faults.get(op)
+    if kind is None or rank != world - 1:
+        return
+    if kind == "hang":
+        log.warning("rank %d: injected hang in %s", rank, op)
+        time.sleep(3600)
+    elif kind == "crash":
+        log.warning("rank %d: injected crash in %s", rank, op)
+        os._exit(FAULT_EXIT_CODE)
+
+
 def run(cfg: dict[str, Any]) -> int:
     """Init the backend under test and a gloo timing group, then bench every op x size."""
     import torch
@@ -95,6 +115,9 @@ def run(cfg: dict[str, Any]) -> int:
     if backend not in BUILTIN_BACKENDS:
         import mccl  # noqa: F401  (registers the backend)
     torch.set_num_threads(max(1, int(cfg.get("threads") or 1)))
+    if cfg.get("device") == "cuda":  # all ranks share this machine: spread them over its GPUs
+        cfg["device"] = f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
+        torch.cuda.set_device(cfg["device"])
     timeout = timedelta(seconds=float(cfg.get("op_timeout", 120)))
     dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
     tgroup = dist.new_group(backend="gloo", timeout=timeout)
@@ -105,6 +128,7 @@ def run(cfg: dict[str, Any]) -> int:
         for size in cfg["sizes"]:
             if rank == 0:
                 emit("start", op=op, size=size)
+            _maybe_fault(op, rank, world)
             try:
                 row = bench_one(op, size, cfg, rank, world, tgroup)
                 err = None

@@ -1,0 +1,233 @@
+"""Tests of the measuring instrument (mccl.bench): CLI + JSON, deadlines, cluster, model.
+
+No timing thresholds: only structure, correctness flags and clean-up are asserted. Every
+multi-process test has a pytest timeout and subprocess timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mccl.bench import cluster as cl
+from mccl.bench.model import fit_alpha_beta, report, ring_time
+from mccl.bench.ops import bus_factor, canonical_op, element_count
+from mccl.bench.report import format_size, parse_size, size_range
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_PREFIX = "mccltest"  # never touches a user's "mccl" cluster
+BENCH_TIMEOUT_S = 150
+
+
+def _backends() -> list[str]:
+    from mccl.bench.runner import available_backends
+
+    return available_backends()
+
+
+# -- pure helpers ---------------------------------------------------------------------------
+def test_sizes_rates_and_factors() -> None:
+    assert [parse_size(s) for s in ("8", "8B", "1K", "64M", "1G", "1.5K")] == [
+        8, 8, 1024, 64 << 20, 1 << 30, 1536]
+    assert size_range(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert size_range(8, 1 << 20, 16) == [8, 128, 2048, 32768, 524288]
+    assert format_size(64 << 20) == "64M" and format_size(8) == "8B"
+    with pytest.raises(ValueError):
+        parse_size("12 parsecs")
+    assert cl.parse_rate("1gbit") == 10**9 and cl.parse_rate("100mbit") == 10**8
+    assert cl.parse_rate("none") is None and cl.parse_rate(None) is None
+    with pytest.raises(ValueError):
+        cl.parse_rate("1GB/s")
+    burst, limit = cl.tbf_params(10**9)
+    assert burst >= 64 * 1024 and limit >= 2 * burst
+    assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("all_gather", 4) == bus_factor("all_to_all", 4) == 0.75
+    assert element_count("all_gather", 8, 4, 4) == 4  # at least one element per rank
+    assert element_count("all_reduce", 1 << 20, 4, 4) == 1 << 18
+    assert canonical_op("all_gather_into_tensor") == "all_gather"
+    assert canonical_op("alltoall") == "all_to_all"
+
+
+def test_cluster_unavailable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cl.os, "geteuid", lambda: 1000)
+    with pytest.raises(cl.ClusterUnavailable, match="root") as exc:
+        cl.Cluster(2, "1gbit", prefix=TEST_PREFIX).check()
+    assert "\n" not in str(exc.value)
+    monkeypatch.setattr(cl.sys, "platform", "darwin")
+    with pytest.raises(cl.ClusterUnavailable, match="Linux") as exc:
+        cl.Cluster(2, "1gbit", prefix=TEST_PREFIX).check()
+    assert "\n" not in str(exc.value)
+    monkeypatch.setattr(cl.sys, "platform", "linux")
+    monkeypatch.setattr(cl.os, "geteuid", lambda: 0)
+    monkeypatch.setenv(cl.ENV_IP, "/nonexistent/ip")
+    with pytest.raises(cl.ClusterUnavailable, match="MCCL_IP"):
+        cl.Cluster(2, "1gbit", prefix=TEST_PREFIX).check()
+
+
+# -- benchmark CLI end to end ---------------------------------------------------------------
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_bench_cli_writes_wellformed_json(tmp_path: Path) -> None:
+    backends = _backends()
+    assert "gloo" in backends
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    argv = [sys.executable, "-m", "mccl.bench", "--backends", ",".join(backends),
+            "--world-sizes", "2", "--sizes", "8,1K,64K", "--ops", "all_reduce,all_gather",
+            "--iters", "3", "--warmup", "1", "--ceiling-seconds", "0.5", "--check", "-q",
+            "--json", str(out), "--png", str(png)]
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "mccl-bench/1"
+    assert "mccl.bench" in doc["command"] and doc["argv"][:1] == ["--backends"]
+    for key in ("hostname", "platform", "python", "torch", "cpu_count"):
+        assert key in doc["machine"]
+    assert doc["network"]["mode"] == "loopback"
+    assert doc["ceiling"]["bytes_per_s"] > 0 and doc["errors"] == []
+    assert len(doc["rows"]) == len(backends) * 2 * 3
+    for row in doc["rows"]:
+        for key in ("backend", "op", "size", "count", "dtype", "world_size", "time_us",
+                    "algbw_gbs", "busbw_gbs", "pct_ceiling", "iters"):
+            assert key in row, key
+        assert row["check"] is True, row
+        assert row["time_us"] > 0 and row["iters"] >= 1
+        assert math.isclose(row["busbw_gbs"],
+                            row["algbw_gbs"] * bus_factor(row["op"], row["world_size"]))
+    assert {r["backend"] for r in doc["rows"]} == set(backends)
+    assert png.stat().st_size > 0
+    assert "busbw" in res.stdout and "all_gather" in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_hung_and_crashed_ranks_are_killed_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mccl.bench.runner import BenchConfig, run_job
+    from mccl.bench.worker import FAULT_ENV
+
+    cfg = BenchConfig(ops=["all_reduce", "all_gather", "broadcast"], sizes=[1024],
+                      iters=2, warmup=0, time_budget=0, stall_timeout=5.0)
+    monkeypatch.setenv(FAULT_ENV, "hang:all_gather,crash:broadcast")
+    job = run_job("gloo", 2, cfg)  # launch 1: row, hang -> killed; launch 2: crash
+    assert [r["op"] for r in job.rows] == ["all_reduce"]
+    assert [e["op"] for e in job.errors] == ["all_gather", "broadcast"]
+    assert "timed out" in job.errors[0]["error"]
+    assert "exited with code" in job.errors[1]["error"]
+
+
+# -- emulated cluster ---------------------------------------------------------------------
+@pytest.fixture
+def cluster2():
+    c = cl.Cluster(2, "1gbit", prefix=TEST_PREFIX)
+    try:
+        c.check()
+    except cl.ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield c.up()
+    finally:
+        c.down()
+        assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+
+
+_SERVER = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); s.settimeout(20)
+    print(s.getsockname()[1], flush=True)
+    c, _ = s.accept(); c.settimeout(20); c.sendall(c.recv(64).upper()); c.close()
+""")
+_CLIENT = textwrap.dedent("""
+    import socket, sys
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+    c.sendall(b"ping"); print(c.recv(64).decode())
+""")
+
+
+@pytest.mark.timeout(60)
+def test_cluster_up_connect_down(cluster2: cl.Cluster) -> None:
+    c = cluster2
+    assert c.hosts == [f"{TEST_PREFIX}-h0", f"{TEST_PREFIX}-h1"]
+    assert set(cl.list_namespaces(c.ip, TEST_PREFIX)) == {*c.hosts, c.switch}
+    st = cl.status(TEST_PREFIX)
+    assert st[c.hosts[1]]["addrs"] == [f"{c.addr(1)}/24"] and "tbf" in st[c.hosts[1]]["tbf"]
+    assert "tbf" in st[c.switch]["tbf"]
+    server = c.popen(1, [sys.executable, "-c", _SERVER, c.addr(1)], stdout=subprocess.PIPE,
+                     text=True)
+    try:
+        port = server.stdout.readline().strip()
+        res = c.run(0, [sys.executable, "-c", _CLIENT, c.addr(1), port], timeout=30)
+        assert res.stdout.strip() == "PING"
+        assert server.wait(timeout=30) == 0
+    finally:
+        cl.kill_tree(server)
+    # the host namespace cannot see the root namespace's interfaces
+    res = c.run(0, [c.ip, "-o", "link"], timeout=10)
+    assert "eth0" in res.stdout and "ifb0" not in res.stdout
+
+
+@pytest.mark.timeout(60)
+def test_cluster_removes_leftovers_of_a_crashed_run() -> None:
+    first = cl.Cluster(2, None, prefix=TEST_PREFIX)
+    try:
+        first.check()
+    except cl.ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        first.up()  # "crash": never call first.down()
+        sleeper = first.popen(0, [sys.executable, "-c", "import time; time.sleep(60)"])
+        cl._set_owner(TEST_PREFIX, other.pid)  # pretend another live run owns the prefix
+        with pytest.raises(cl.ClusterError, match="in use"):
+            cl.Cluster(3, "10gbit", prefix=TEST_PREFIX).up()
+        assert sleeper.poll() is None
+        other.kill()
+        other.wait(timeout=10)  # owner gone: what is left counts as a crashed run
+        second = cl.Cluster(3, "10gbit", prefix=TEST_PREFIX).up()
+        assert sleeper.wait(timeout=10) != 0  # leftover rank killed
+        assert len(cl.list_namespaces(second.ip, TEST_PREFIX)) == 4
+        second.down()
+    finally:
+        other.kill()
+        other.wait(timeout=10)
+        cl.remove_namespaces(first.ip, TEST_PREFIX)
+        cl._set_owner(TEST_PREFIX, None)
+    assert cl.list_namespaces(first.ip, TEST_PREFIX) == []
+
+
+# -- model ----------------------------------------------------------------------------------
+def test_model_fit_recovers_synthetic_parameters() -> None:
+    alpha, bw = 80e-6, 1.15e8
+    sizes = [1 << k for k in range(10, 27, 2)]
+    pts = [(n, s, ring_time(n, s, alpha, bw)) for n in (2, 4, 8) for s in sizes]
+    fit = fit_alpha_beta(pts)
+    assert math.isclose(fit.alpha_s, alpha, rel_tol=1e-6)
+    assert math.isclose(fit.bandwidth_bps, bw, rel_tol=1e-6)
+    noisy = [(n, s, t * (1.03 if i % 2 else 0.97)) for i, (n, s, t) in enumerate(pts)]
+    fit2 = fit_alpha_beta(noisy)
+    assert math.isclose(fit2.bandwidth_bps, bw, rel_tol=0.1)
+    assert math.isclose(fit2.alpha_s, alpha, rel_tol=0.2)
+    rows = [{"op": "all_reduce", "backend": "mccl", "world_size": n, "size": s,
+             "time_us": t * 1e6} for n, s, t in pts]
+    text = report({"rows": rows, "ceiling": {"bytes_per_s": 1.19e8}}, "mccl", fit, [24, 200],
+                  10e9, [1 << 20, 1 << 26])
+    assert " 200 " in text and "alpha" in text
+    with pytest.raises(ValueError):
+        fit_alpha_beta([(4, 1024, 1e-3)])
+
+
+def test_model_cli_on_saved_results(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pts = [(n, 1 << k, ring_time(n, 1 << k, 50e-6, 1.1e8)) for n in (2, 4) for k in (16, 20, 24)]
+    doc = {"schema": "mccl-bench/1", "ceiling": {"bytes_per_s": 1.19e8},
+           "rows": [{"op": "all_reduce", "backend": "gloo", "world_size": n, "size": s,
+                     "time_us": t * 1e6} for n, s, t in pts]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    from mccl.bench.model import main as model_main
+
+    assert model_main([str(path), "--png", str(tmp_path / "m.png")]) == 0
+    assert "alpha = 50.0 us/hop" in capsys.readouterr().out
+    assert (tmp_path / "m.png").exists()
