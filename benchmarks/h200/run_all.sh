@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The H200 batch (issues #5 and #7, device part), one script, stages chosen on the command line:
+#
+#   bash benchmarks/h200/run_all.sh [STAGE ...]     # default: every stage, in this order
+#
+#   env       what the machine is (GPU, torch, cores, NCCL/NVLS variables kept as set)
+#   tests     CUDA hand-off tests, then the CPU hand-off tests (staging, MPS fakes) on this torch
+#   ddp       DDP on CUDA tensors, 4 ranks sharing the GPU: mccl vs gloo throughput + parameters
+#   overlap   bucketed synthetic step on CUDA (454 MB ViT grads), hidden % for mccl/staging/gloo
+#   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda, both paths)
+#   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
+#   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
+#             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 hosts, all_reduce)
+#   suite     the whole test suite on this torch (compatibility with torch 2.11)
+#
+# Results: JSON/PNG/logs in $RES (default /tmp/mccl-h200), bundled into $OUT/h200_results.tar.gz
+# with summary.txt beside it (the device tool returns at most 8 files). Every stage has its own
+# time limit and the whole run a deadline ($DEADLINE_S, default 570 s), so one stuck stage
+# cannot cost the others. The exact command of each stage is in summary.txt.
+# The emulated cluster needs iproute2: if `ip` is missing, scripts/iproute2_env.sh unpacks the
+# .deb files carried in .debs/ (fetched here by scripts/fetch_iproute2.sh) into /tmp.
+set -u
+cd "$(dirname "$0")/../.."
+REPO="$PWD"
+RES="${RES:-/tmp/mccl-h200}"
+OUTDIR="${OUT:-$REPO/benchmarks/results/h200}"
+DEADLINE_S="${DEADLINE_S:-570}"
+PY="${PYTHON:-python3}"
+T0=$(date +%s)
+mkdir -p "$RES" "$OUTDIR"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+SUMMARY="$RES/summary.txt"
+
+say() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$SUMMARY"; }
+
+# run NAME LIMIT_S CMD...: log to $RES/NAME.log, never past the deadline
+run() {
+    local name=$1 limit=$2 left rc
+    shift 2
+    left=$(( DEADLINE_S - ($(date +%s) - T0) - 15 ))
+    if [ "$left" -lt 30 ]; then say "SKIP $name (deadline)"; return 0; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    say "RUN  $name (limit ${limit}s): $*"
+    timeout --kill-after=15 "$limit" "$@" >"$RES/$name.log" 2>&1
+    rc=$?
+    say "DONE $name rc=$rc"
+    tail -n 25 "$RES/$name.log" | sed "s/^/    $name| /" | tee -a "$SUMMARY" >/dev/null
+    return 0
+}
+
+stage_env() {
+    {
+        nvidia-smi -L 2>&1
+        nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+        "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+        echo "cores $(nproc)"; uname -a
+        env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)' | sort
+        git -C "$REPO" log -1 --format='commit %H %s' 2>/dev/null || true
+    } >"$RES/env.txt" 2>&1
+    say "env: $(head -n 1 "$RES/env.txt"); $(sed -n 3p "$RES/env.txt")"
+}
+
+stage_tests() {
+    run tests_cuda 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py
+    run tests_cpu_handoff 150 "$PY" -m pytest -q -p no:cacheprovider -n 4 \
+        tests/test_device_staging.py tests/test_device_mps.py
+}
+
+stage_ddp() {
+    run ddp_cuda 240 "$PY" benchmarks/ddp_cuda.py --world 4 --layers 12 --steps 8 --warmup 2 \
+        --json "$RES/ddp_cuda.json"
+}
+
+stage_overlap() {
+    run overlap_cuda 300 "$PY" benchmarks/overlap.py --device cuda --world 4 --scale 1.0 \
+        --steps 6 --warmup 1 --json "$RES/overlap_cuda.json" --png "$RES/overlap_cuda.png"
+}
+
+stage_doctor() {
+    run doctor 150 "$PY" -m mccl doctor --json "$RES/doctor.json"
+}
+
+stage_overlapcpu() {
+    run overlap_cpu 150 "$PY" benchmarks/overlap.py --device cpu --world 2 --scale 1.0 \
+        --steps 5 --json "$RES/overlap_cpu.json" --png "$RES/overlap_cpu.png"
+}
+
+stage_cluster() {
+    if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
+        # shellcheck source=/dev/null
+        . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
+            || say "iproute2_env failed (cluster stages will report it)"
+    fi
+    local n
+    for n in 4 8; do
+        run "cluster10g_cpu_n$n" 200 "$PY" -m mccl.bench --cluster --hosts "$n" \
+            --world-sizes "$n" --rate 10gbit --ops all_reduce,all_gather,reduce_scatter \
+            --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
+            --json "$RES/cluster10g_cpu_n$n.json" --png "$RES/cluster10g_cpu_n$n.png"
+    done
+    run cluster10g_cuda_n4 150 "$PY" -m mccl.bench --cluster --hosts 4 --world-sizes 4 \
+        --rate 10gbit --device cuda --ops all_reduce --min 1M --max 256M --factor 4 \
+        --warmup 2 --time-budget 1 --iters 10 \
+        --json "$RES/cluster10g_cuda_n4.json" --png "$RES/cluster10g_cuda_n4.png"
+}
+
+stage_suite() {
+    run suite 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests
+}
+
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(env tests ddp overlap doctor overlapcpu cluster suite)
+say "run_all.sh ${STAGES[*]} (repo $REPO, results $RES, deadline ${DEADLINE_S}s)"
+for s in "${STAGES[@]}"; do
+    if declare -F "stage_$s" >/dev/null; then "stage_$s"; else say "unknown stage $s"; fi
+done
+say "all stages done"
+tar -czf "$OUTDIR/h200_results.tar.gz" -C "$RES" . && cp "$SUMMARY" "$OUTDIR/summary.txt"

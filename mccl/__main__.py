@@ -1,0 +1,23 @@
+"""``python -m mccl <command>``: ``doctor`` (capabilities + local self-test)."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {"doctor": "capabilities of this machine and a local end-to-end self-test"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        lines = "\n".join(f"  {k:<8} {v}" for k, v in COMMANDS.items())
+        print(f"usage: python -m mccl <command> [options]\n\ncommands:\n{lines}",
+              file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    from .doctor import main as doctor_main
+
+    return doctor_main(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

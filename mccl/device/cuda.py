@@ -1,0 +1,97 @@
+"""CUDA tensors: staged through pinned host buffers on a side stream owned by the adapter.
+
+Why CUDA at all: it is the stand-in accelerator that CI-less development can measure the
+hand-off on (an H200 here), and the same staging logic serves MPS without the shared alias.
+
+* ``prepare`` (caller's thread): a CUDA event recorded on the caller's current stream, right
+  after the kernels that produced the tensors (O1); ``record_stream`` tells the caching
+  allocator the side stream uses the tensors.
+* comm thread: ``event.synchronize()`` (that event only, never the device), device -> pinned
+  host copies on the side stream, ring on the host copies, host -> device copies on the side
+  stream, completion event; it never enqueues on the caller's stream (O3).
+* ``Work.wait()`` makes the waiter's current stream wait on the completion event, and the
+  Future is completed inside the side stream's context so ``Future(devices=[dev])`` records
+  its own event there: ``fut.wait()``/``then`` (DDP's reducer) sync the same way. Neither
+  blocks the CPU on the copy back (O2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, contextmanager
+
+import torch
+
+from .staging import Fence, HostPool, StagingHandoff
+
+
+class CudaOps:
+    """The CUDA half of the staging hand-off (see :mod:`mccl.device.staging`)."""
+
+    copy_out_on_caller = False
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device("cuda", device.index if device.index is not None
+                                   else torch.cuda.current_device())
+        self._side: torch.cuda.Stream | None = None
+
+    @property
+    def side(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.device)
+        return self._side
+
+    def ready(self) -> Fence:
+        ev = torch.cuda.Event(blocking=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    @contextmanager
+    def _on_side(self):
+        with torch.cuda.device(self.device), torch.cuda.stream(self.side):
+            yield
+
+    def copy_context(self) -> AbstractContextManager:
+        return self._on_side()
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def fence(self) -> Fence:
+        ev = torch.cuda.Event(blocking=True)
+        ev.record(self.side)
+        return ev
+
+    def gate(self, done: Fence | None) -> Callable[[], None] | None:
+        if done is None:
+            return None
+        device = self.device
+
+        def wait_on_done() -> None:
+            torch.cuda.current_stream(device).wait_event(done)  # type: ignore[arg-type]
+
+        return wait_on_done
+
+    def result_context(self) -> Callable[[], AbstractContextManager] | None:
+        return self._on_side
+
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+class CudaAdapter:
+    """One per process group and CUDA device: owns the side stream and the pinned pool."""
+
+    device_type = "cuda"
+
+    def __init__(self, device: torch.device, pool: HostPool | None = None):
+        self.ops = CudaOps(device)
+        self.pool = pool if pool is not None else HostPool(self.ops.alloc_host)
+
+    def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
+                writes: Sequence[bool]) -> StagingHandoff:
+        side = self.ops.side  # created on the caller's thread, before the comm thread uses it
+        for t in tensors:
+            if t.numel():
+                t.record_stream(side)
+        return StagingHandoff(self.ops, self.pool, tensors, reads, writes)

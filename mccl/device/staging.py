@@ -1,0 +1,239 @@
+"""The staging hand-off, generic over the device: copy to host buffers, ring, copy back.
+
+Why one module: CUDA (always) and MPS (without the shared-memory alias) both stage through
+host memory; the order of waits, copies and markers is the part that is easy to get wrong, so
+it lives here once and is tested on CPU with a fake device (``tests/test_device_staging.py``).
+
+Per op, with ``ops`` the device half (:class:`DeviceOps`):
+
+* caller's thread, ``prepare``: ``ops.ready()`` records the ready-marker after the kernels
+  that produced the inputs (O1). Devices whose comm thread may not touch PyTorch's stream
+  (``copy_out_on_caller``) copy device -> host here, before the marker.
+* comm thread, ``acquire``: wait on that marker only; copy device -> host on the adapter's own
+  side stream (``ops.copy_context``) and wait for that copy; return the host tensors.
+* comm thread, ``release``: copy host -> device on the side stream and record ``done``;
+  host buffers go back to the pool fenced by ``done`` (reused only once the copy finished).
+* waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
+  ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
+
+import torch
+
+log = logging.getLogger("mccl.device")
+
+#: Host bytes a pool keeps for reuse (buffers beyond this are dropped after use).
+POOL_MAX_BYTES = 2 << 30
+#: Buffers of one size a pool keeps (an op holds its buffers only while it runs).
+POOL_PER_SIZE = 4
+
+
+class Fence(Protocol):
+    """A device marker: ``synchronize`` blocks the calling thread until it has passed."""
+
+    def synchronize(self) -> None: ...
+
+
+class DeviceOps(Protocol):
+    """The device-specific half of the staging hand-off."""
+
+    #: True where the comm thread must not enqueue copies (they run in ``prepare`` instead).
+    copy_out_on_caller: bool
+
+    def ready(self) -> Fence | None:
+        """Caller's thread: marker after the work already queued on the current stream."""
+        ...
+
+    def copy_context(self) -> AbstractContextManager:
+        """Context in which copies are enqueued (the adapter's side stream)."""
+        ...
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Enqueue ``dst.copy_(src)`` in the current context (may be asynchronous)."""
+        ...
+
+    def fence(self) -> Fence | None:
+        """Marker after the copies enqueued so far in ``copy_context`` (None: already done)."""
+        ...
+
+    def gate(self, done: Fence | None) -> Callable[[], None] | None:
+        """What the waiting thread runs so its later device work sees the copied-back result."""
+        ...
+
+    def result_context(self) -> Callable[[], AbstractContextManager] | None:
+        """Context for completing the Future (so Future waiters sync on the copy back)."""
+        ...
+
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 host buffer (pinned where the device can use that)."""
+        ...
+
+
+class HostPool:
+    """Host staging buffers keyed by byte size, reused across ops instead of allocated per op.
+
+    A returned buffer carries the fence of the last copy that reads it; ``take`` waits on that
+    fence before handing it out again, so a pending host -> device copy never sees new bytes.
+    """
+
+    def __init__(self, alloc: Callable[[int], torch.Tensor], max_bytes: int = POOL_MAX_BYTES,
+                 per_size: int = POOL_PER_SIZE):
+        self._alloc = alloc
+        self._free: dict[int, list[tuple[torch.Tensor, Fence | None]]] = {}
+        self._held = 0
+        self._max = max_bytes
+        self._per_size = per_size
+        self._lock = threading.Lock()
+        self.allocations = 0  # buffers ever allocated (tests and doctor read it)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get(nbytes)
+            entry = free.pop() if free else None
+            if entry is not None:
+                self._held -= nbytes
+        if entry is None:
+            self.allocations += 1
+            return self._alloc(nbytes)
+        buf, fence = entry
+        if fence is not None:
+            fence.synchronize()
+        return buf
+
+    def give(self, buf: torch.Tensor, fence: Fence | None) -> None:
+        nbytes = buf.numel()
+        with self._lock:
+            free = self._free.setdefault(nbytes, [])
+            if len(free) < self._per_size and self._held + nbytes <= self._max:
+                free.append((buf, fence))
+                self._held += nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+def _host_like(buf: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """View a flat uint8 buffer as a host tensor of t's dtype and shape."""
+    if t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype)
+    return buf.view(t.dtype).view(t.shape)
+
+
+class StagingHandoff:
+    """One op's staged hand-off (see the module docstring for who runs what where)."""
+
+    def __init__(self, ops: DeviceOps, pool: HostPool, tensors: Sequence[torch.Tensor],
+                 reads: Sequence[bool], writes: Sequence[bool]):
+        self.ops = ops
+        self.pool = pool
+        self.tensors = list(tensors)
+        self.reads = list(reads)
+        self.writes = list(writes)
+        self.hosts: list[torch.Tensor] | None = None
+        self._bufs: list[torch.Tensor | None] = []
+        self._done: Fence | None = None
+        self._out_fence: Fence | None = None
+        if ops.copy_out_on_caller:
+            self._stage_out()
+        self._ready = ops.ready()
+
+    def _stage_out(self) -> None:
+        """Take host buffers and enqueue the device -> host copies of the inputs."""
+        hosts, bufs = [], []
+        with self.ops.copy_context():
+            for t, r in zip(self.tensors, self.reads, strict=True):
+                if t.numel() == 0:
+                    hosts.append(torch.empty(t.shape, dtype=t.dtype))
+                    bufs.append(None)
+                    continue
+                buf = self.pool.take(t.numel() * t.element_size())
+                h = _host_like(buf, t)
+                if r:
+                    self.ops.copy(h, t)
+                hosts.append(h)
+                bufs.append(buf)
+            out_fence = self.ops.fence()
+        self.hosts, self._bufs = hosts, bufs
+        self._out_fence = out_fence
+
+    def acquire(self) -> list[torch.Tensor]:
+        if self._ready is not None:
+            self._ready.synchronize()  # O1: the producer's marker, never the whole device
+        if self.hosts is None:
+            self._stage_out()
+        if self._out_fence is not None:
+            self._out_fence.synchronize()  # our own device -> host copies
+        assert self.hosts is not None
+        return self.hosts
+
+    def release(self) -> None:
+        assert self.hosts is not None
+        copied = False
+        with self.ops.copy_context():
+            for t, h, w in zip(self.tensors, self.hosts, self.writes, strict=True):
+                if w and t.numel():
+                    self.ops.copy(t, h)
+                    copied = True
+            self._done = self.ops.fence() if copied else None
+        for buf, w in zip(self._bufs, self.writes, strict=True):
+            if buf is not None:
+                self.pool.give(buf, self._done if w else None)
+        self._bufs = []
+        self.hosts = None  # the tensors are device tensors again; drop host references
+
+    def gate(self) -> Callable[[], None] | None:
+        return self.ops.gate(self._done)
+
+    def result_context(self) -> Callable[[], AbstractContextManager] | None:
+        return self.ops.result_context()
+
+
+class HostOps:
+    """A synchronous "device" whose memory is host memory: every copy is done on return.
+
+    The simplest correct ``DeviceOps``; tests build their asynchronous fakes on top of it.
+    """
+
+    copy_out_on_caller = False
+
+    def ready(self) -> Fence | None:
+        return None
+
+    def copy_context(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def fence(self) -> Fence | None:
+        return None
+
+    def gate(self, done: Fence | None) -> Callable[[], None] | None:
+        return None
+
+    def result_context(self) -> Callable[[], AbstractContextManager] | None:
+        return None
+
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+class StagingAdapter:
+    """Adapter that stages every op through a :class:`HostPool` using ``ops``."""
+
+    def __init__(self, device_type: str, ops: DeviceOps, pool: HostPool | None = None):
+        self.device_type = device_type
+        self.ops = ops
+        self.pool = pool if pool is not None else HostPool(ops.alloc_host)
+
+    def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
+                writes: Sequence[bool]) -> StagingHandoff:
+        return StagingHandoff(self.ops, self.pool, tensors, reads, writes)

@@ -1,0 +1,301 @@
+"""``python -m mccl doctor``: what this machine offers mccl, then a local end-to-end self-test.
+
+Why: a Mac user's one command to know whether mccl will work here before a multi-host job:
+which torch and devices, whether the MPS shared-memory alias exists (unified hand-off) or
+staging copies are used, which interfaces and addresses peers could reach, the socket buffer
+limits, and two local processes all-reducing on the best device through both hand-off paths
+with the results checked. Exit status 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from . import __version__, config
+from .device.mps import ALIAS_API, alias_api
+
+SELFTEST_TIMEOUT_S = 180.0
+RING_ELEMS = 4 << 20  # 16 MB float32: the ring path, big enough to see a bandwidth
+
+
+# ---- capabilities ----
+
+def best_device() -> str:
+    """mps on a Mac with MPS, else cuda, else cpu."""
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def _interfaces() -> list[dict[str, Any]]:
+    from .transport.rendezvous import _ifname_address
+
+    out = []
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        names = []
+    for name in names:
+        out.append({"name": name, "ipv4": _ifname_address(name)})
+    return out
+
+
+def _sysctl(names: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n in names:
+        try:
+            r = subprocess.run(["sysctl", "-n", n], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if r.returncode == 0:
+            out[n] = r.stdout.strip()
+    return out
+
+
+def socket_limits() -> dict[str, Any]:
+    """Kernel socket buffer limits (they cap what one TCP stream can keep in flight)."""
+    from .transport.tcp import SOCKET_BUFFER_BYTES, _buffer_cap_allows
+
+    limits: dict[str, Any] = {}
+    if sys.platform.startswith("linux"):
+        for key in ("net/core/rmem_max", "net/core/wmem_max", "net/ipv4/tcp_rmem",
+                    "net/ipv4/tcp_wmem"):
+            try:
+                with open(f"/proc/sys/{key}") as f:
+                    limits[key.replace("/", ".")] = " ".join(f.read().split())
+            except OSError:
+                pass
+    elif sys.platform == "darwin":
+        limits.update(_sysctl(["kern.ipc.maxsockbuf", "net.inet.tcp.sendspace",
+                               "net.inet.tcp.recvspace", "net.inet.tcp.autorcvbufmax",
+                               "net.inet.tcp.autosndbufmax"]))
+    limits["mccl_requested_bytes"] = SOCKET_BUFFER_BYTES
+    limits["mccl_sets_buffers"] = _buffer_cap_allows(SOCKET_BUFFER_BYTES)
+    return limits
+
+
+def capabilities() -> dict[str, Any]:
+    cfg = config.load()
+    mps_built = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_built())
+    mps_avail = bool(mps_built and torch.backends.mps.is_available())
+    has_alias = alias_api() is not None
+    if not has_alias:
+        handoff = f"staging (torch {torch.__version__} has no torch.mps.{ALIAS_API}; >= 2.13)"
+    elif not cfg.unified:
+        handoff = f"staging ({config.UNIFIED_ENV}=0)"
+    else:
+        handoff = "unified (in place in shared memory)"
+    cuda = []
+    if torch.cuda.is_available():
+        cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    master = os.environ.get("MASTER_ADDR")
+    from .transport.rendezvous import _route_address
+
+    return {
+        "mccl": __version__,
+        "python": sys.version.split()[0],
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "torch": torch.__version__,
+        "numpy": __import__("numpy").__version__,
+        "devices": {"cpu": True, "cuda": cuda, "mps_built": mps_built, "mps": mps_avail},
+        "best_device": best_device(),
+        "mps_alias_api": has_alias,
+        "mps_handoff": handoff,
+        "cuda_handoff": "staging via pinned host buffers on a side stream" if cuda else None,
+        "env": {k: os.environ.get(k) for k in config.ENV_DOCS},
+        "hostname": socket.gethostname(),
+        "address_to_master" if master else "default_address": _route_address(master),
+        "interfaces": _interfaces(),
+        "socket_limits": socket_limits(),
+    }
+
+
+# ---- self-test ----
+
+def _check(name: str, ok: bool, failures: list[str]) -> None:
+    if not ok:
+        failures.append(name)
+
+
+def _selftest_rank(rank: int, world: int, port: int, device: str, unified: bool, q) -> None:
+    """One rank of the self-test (a spawned process)."""
+    os.environ[config.UNIFIED_ENV] = "1" if unified else "0"
+    try:
+        import torch.distributed as dist
+
+        import mccl  # noqa: F401
+
+        torch.set_num_threads(1)
+        if device == "cuda":
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
+        else:
+            dev = torch.device(device)
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
+
+        def sync() -> None:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            elif dev.type == "mps":
+                torch.mps.synchronize()
+
+        fails: list[str] = []
+        total = world * (world + 1) / 2
+        small = torch.full((1000,), float(rank + 1), device=dev)
+        dist.all_reduce(small)
+        _check("all_reduce small float32", bool((small == total).all().item()), fails)
+        big = torch.full((RING_ELEMS,), float(rank + 1), device=dev)
+        dist.all_reduce(big)
+        _check("all_reduce 16 MB float32 (ring)", bool((big == total).all().item()), fails)
+        half = torch.full((300_000,), 0.5 * (rank + 1), dtype=torch.bfloat16, device=dev)
+        dist.all_reduce(half)
+        _check("all_reduce bfloat16", bool((half.float() == 0.5 * total).all().item()), fails)
+        out = torch.empty(world * 1000, device=dev)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, torch.full((1000,), float(rank), device=dev))
+        want = torch.arange(world, device=dev).float().repeat_interleave(1000)
+        _check("all_gather_into_tensor", bool(torch.equal(out, want)), fails)
+        b = torch.full((100_000,), float(rank), device=dev)
+        dist.broadcast(b, src=world - 1)
+        _check("broadcast", bool((b == world - 1).all().item()), fails)
+        # async + wait, the way DDP-style overlap uses it
+        works = [dist.all_reduce(torch.ones(50_000, device=dev), async_op=True)
+                 for _ in range(4)]
+        for w in works:
+            w.wait()
+        times = []
+        for _ in range(5):
+            sync()
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(big)
+            sync()
+            times.append(time.perf_counter() - t0)
+        pg = dist.group.WORLD
+        adapter = getattr(pg, "_adapters", {}).get(str(dev) if dev.type != "cpu" else "cpu")
+        path = type(adapter).__name__ if adapter is not None else "?"
+        if adapter is not None and hasattr(adapter, "unified"):
+            path += " unified" if adapter.unified else " staging"
+        dist.destroy_process_group()
+        q.put((rank, {"failures": fails, "path": path, "best_s": min(times)}))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        q.put((rank, {"failures": ["exception"], "error": traceback.format_exc()}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def selftest(device: str, unified: bool, world: int = 2,
+             timeout: float = SELFTEST_TIMEOUT_S) -> dict[str, Any]:
+    """Run the self-test on ``world`` local processes; returns a result dict with ``ok``."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_selftest_rank, args=(r, world, port, device, unified, q),
+                         daemon=True) for r in range(world)]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    results: dict[int, dict[str, Any]] = {}
+    deadline = t0 + timeout
+    while len(results) < world and time.monotonic() < deadline:
+        try:
+            rank, res = q.get(timeout=1.0)
+            results[rank] = res
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and q.empty():
+                break
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    missing = sorted(set(range(world)) - set(results))
+    failures = sorted({f for r in results.values() for f in r["failures"]})
+    errors = [r["error"] for r in results.values() if "error" in r]
+    if missing:
+        failures.append(f"ranks {missing} did not finish within {timeout:.0f}s")
+    best = max((r.get("best_s", 0.0) for r in results.values()), default=0.0)
+    nbytes = RING_ELEMS * 4
+    busbw = 2 * (world - 1) / world * nbytes / best / 1e9 if best > 0 else None
+    return {"device": device, "unified_env": unified, "ok": not failures,
+            "failures": failures, "errors": errors,
+            "path": sorted({r.get("path", "?") for r in results.values()}),
+            "all_reduce_16MB_s": best or None, "busbw_GBps": busbw,
+            "wall_s": time.monotonic() - t0}
+
+
+# ---- CLI ----
+
+def _print_caps(caps: dict[str, Any]) -> None:
+    d = caps["devices"]
+    print(f"mccl {caps['mccl']}  python {caps['python']}  torch {caps['torch']}  "
+          f"numpy {caps['numpy']}  ({caps['platform']})")
+    mps = "available" if d["mps"] else ("built, not available" if d["mps_built"] else "no")
+    print(f"devices: cpu, cuda: {', '.join(d['cuda']) or 'none'}, mps: {mps}"
+          f"  -> self-test on {caps['best_device']}")
+    print(f"MPS alias API torch.mps.{ALIAS_API}: {'present' if caps['mps_alias_api'] else 'absent'}"
+          f"; MPS hand-off: {caps['mps_handoff']}")
+    if caps["cuda_handoff"]:
+        print(f"CUDA hand-off: {caps['cuda_handoff']}")
+    env = ", ".join(f"{k}={v}" for k, v in caps["env"].items() if v is not None) or "none set"
+    print(f"mccl env: {env}")
+    addr_key = "address_to_master" if "address_to_master" in caps else "default_address"
+    print(f"host {caps['hostname']}, {addr_key.replace('_', ' ')}: {caps[addr_key]}")
+    print("interfaces: " + ", ".join(f"{i['name']}={i['ipv4'] or '-'}" for i in caps["interfaces"]))
+    lim = caps["socket_limits"]
+    print("socket buffers: " + ", ".join(f"{k}={v}" for k, v in lim.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mccl doctor",
+                                description="Capabilities of this machine and a local self-test.")
+    p.add_argument("--device", default=None, help="self-test device (default: best available)")
+    p.add_argument("--world", type=int, default=2, help="local processes in the self-test")
+    p.add_argument("--no-selftest", action="store_true", help="only print capabilities")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write everything as JSON")
+    args = p.parse_args(argv)
+    caps = capabilities()
+    _print_caps(caps)
+    report: dict[str, Any] = {"capabilities": caps, "selftest": []}
+    ok = True
+    if not args.no_selftest:
+        device = args.device or caps["best_device"]
+        for unified in (True, False):
+            label = "unified" if unified else f"staging ({config.UNIFIED_ENV}=0)"
+            print(f"self-test: {args.world} processes, {device}, {label} ... ", end="", flush=True)
+            res = selftest(device, unified, args.world)
+            report["selftest"].append(res)
+            ok &= res["ok"]
+            if res["ok"]:
+                bw = f", busbw {res['busbw_GBps']:.2f} GB/s" if res["busbw_GBps"] else ""
+                print(f"ok ({'/'.join(res['path'])}{bw}, {res['wall_s']:.1f} s)")
+            else:
+                print("FAILED: " + "; ".join(res["failures"]))
+                for e in res["errors"][:1]:
+                    print(e.rstrip())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    print("doctor: all checks passed" if ok else "doctor: some checks FAILED")
+    return 0 if ok else 1

@@ -1,0 +1,117 @@
+"""CUDA tensors through mccl (mccl.device.cuda). Skips without a GPU (CI has none); run on the
+lent H200 by ``benchmarks/h200/run_all.sh``. Ranks share GPU 0 when there is only one.
+
+Each check is built so that a missing wait gives wrong numbers: inputs are produced behind a
+long ``torch.cuda._sleep`` on the caller's stream (O1), and results are consumed by kernels
+enqueued right after ``wait()`` or ``future.wait()`` without any device-wide sync (O2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.multiproc import run_ranks
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time ahead of the producer kernel
+
+
+def _dev(rank: int) -> torch.device:
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def _marker_and_gate(rank: int, world: int) -> bool:
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    expect = float(sum(range(1, world + 1)))
+    side = torch.cuda.Stream(dev)
+    for n in (1000, 3_000_000):  # doubling and ring paths
+        for stream in (torch.cuda.current_stream(dev), side):
+            with torch.cuda.stream(stream):
+                t = torch.zeros(n, device=dev)
+                torch.cuda._sleep(SLEEP_CYCLES)
+                t.fill_(rank + 1)  # produced long after all_reduce is called
+                w = dist.all_reduce(t, async_op=True)
+                w.wait()  # O2 via the gate: this stream waits for the copy back
+                got = (t * 1).sum().item()  # consumer kernel on the same stream
+            assert got == expect * n, (n, stream, got)
+    # Future path (what DDP's reducer uses): no Work.wait(), only fut.wait()
+    t = torch.zeros(2_000_000, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    t.fill_(rank + 1)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    val = fut.wait()[0]
+    assert (val * 1).min().item() == expect
+    chained = dist.all_reduce(torch.ones(10, device=dev), async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
+    assert chained.wait().sum().item() == 2 * world * 10
+    return True
+
+
+def test_ready_marker_and_consumer_gate() -> None:
+    assert all(run_ranks(_marker_and_gate, 2, timeout=180))
+
+
+def _ops(rank: int, world: int) -> bool:
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    x = torch.full((5000,), 0.5 * (rank + 1), device=dev, dtype=torch.bfloat16)
+    dist.all_reduce(x)
+    assert torch.allclose(x.float(), torch.full((5000,), 0.5 * world * (world + 1) / 2,
+                                                device=dev))
+    out = torch.empty(world * 3, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=dev))
+    assert torch.equal(out, torch.arange(world, device=dev).float().repeat_interleave(3))
+    rs = torch.empty(4, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.arange(world * 4, device=dev).float())
+    assert torch.equal(rs, world * torch.arange(rank * 4, rank * 4 + 4, device=dev).float())
+    b = torch.full((100_000,), float(rank), device=dev)
+    dist.broadcast(b, src=world - 1)
+    assert b.min().item() == world - 1
+    a2a = torch.empty(world * 2, device=dev)
+    dist.all_to_all_single(a2a, torch.full((world * 2,), float(rank), device=dev))
+    assert torch.equal(a2a, torch.arange(world, device=dev).float().repeat_interleave(2))
+    if rank == 0:
+        s = torch.arange(10.0, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        s.add_(1)
+        dist.send(s, dst=1)
+    elif rank == 1:
+        r = torch.zeros(10, device=dev)
+        dist.recv(r, src=0)
+        assert torch.equal(r, torch.arange(10.0, device=dev) + 1)
+    # pinned host buffers are pooled: repeated ops of one size allocate once
+    adapter = getattr(dist.group.WORLD, "_adapters", {}).get(str(dev))
+    before = adapter.pool.allocations if adapter is not None else 0
+    y = torch.ones(1 << 20, device=dev)
+    for _ in range(5):
+        dist.all_reduce(y)
+    assert y.min().item() == world ** 5
+    if adapter is not None:
+        assert adapter.pool.allocations - before <= 1
+    return True
+
+
+def test_collectives_and_p2p_on_cuda_tensors() -> None:
+    assert all(run_ranks(_ops, 2, timeout=180))
+
+
+def _ddp(rank: int, world: int) -> list:
+    from tests.ddp_model import train_ddp
+
+    return train_ddp(rank, _dev(rank), steps=4)
+
+
+def test_ddp_on_cuda_matches_gloo() -> None:
+    mccl = run_ranks(_ddp, 2, timeout=240)
+    gloo = run_ranks(_ddp, 2, backend="gloo", timeout=240)
+    for a, b in zip(mccl[0], gloo[0], strict=True):
+        assert abs(a - b).max() <= 1e-5 * max(1.0, abs(b).max())
+    for a, b in zip(mccl[0], mccl[1], strict=True):  # replicas stay identical
+        assert (a == b).all()
