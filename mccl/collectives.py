@@ -16,15 +16,6 @@ from .reduce import UPCAST, Op, finisher, reducer
 #: At or below this many bytes, all-reduce and broadcast use log2(n)-round algorithms instead
 #: of the ring (measured on loopback and on emulated 1 Gbit links; see benchmarks/).
 SMALL_BYTES = 64 << 10
-#: Up to this many bytes (and ranks), reduce-scatter / all-gather / all-reduce exchange
-#: segments directly with every peer: one or two latency steps instead of 2(n-1), the same
-#: bytes per link. Above it the ring, which keeps one stream per link at any scale.
-DIRECT_MAX_BYTES = 4 << 20
-DIRECT_MAX_RANKS = 16
-
-
-def _direct(nbytes: int, world: int) -> bool:
-    return nbytes <= DIRECT_MAX_BYTES and world <= DIRECT_MAX_RANKS
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
@@ -67,8 +58,6 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
     fn, fin = reducer(op, red.work.dtype), finisher(op, ch.size)
     if red.arr.nbytes <= SMALL_BYTES:
         doubling.all_reduce(ch, red.arr, fn, fin, scratch)
-    elif _direct(red.arr.nbytes, ch.size):
-        direct.all_reduce(ch, red.arr, fn, fin, scratch)
     else:
         ring.all_reduce(ch, red.arr, fn, fin, scratch)
     red.commit()
@@ -100,15 +89,6 @@ def _segments(arr: np.ndarray, world: int) -> list[np.ndarray]:
     return [arr[offs[i]:offs[i + 1]] for i in range(world)]
 
 
-def _reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, fn, fin,
-                    scratch: Scratch) -> None:
-    if _direct(sum(s.nbytes for s in src), ch.size):
-        direct.reduce_scatter(ch, src, out, fn, fin, scratch)
-        ch.flush()
-    else:
-        ring.reduce_scatter(ch, src, out, fn, fin, scratch)
-
-
 def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) -> None:
     """Reduce to ``root``; other ranks' tensors are left unchanged."""
     is_root = ch.rank == root
@@ -121,7 +101,7 @@ def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) ->
         segs = _segments(red.arr, ch.size)
         # out of place: the input is only read; rank r's reduced segment lands in `mine`
         mine = segs[ch.rank] if is_root else np.empty_like(segs[ch.rank])
-        _reduce_scatter(ch, segs, mine, fn, fin, scratch)
+        ring.reduce_scatter(ch, segs, mine, fn, fin, scratch)
         direct.gather(ch, mine, segs if is_root else None, root)
     if is_root:
         red.commit()
@@ -139,17 +119,13 @@ def reduce_scatter(ch: Channel, out: torch.Tensor, inputs: list[torch.Tensor], o
         src = [as_array(t) for t in inputs]
         work = out.reshape(-1)
     fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
-    _reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
+    ring.reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
     if up is not None:
         out.reshape(-1).copy_(work)
 
 
 def all_gather(ch: Channel, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
-    segs = [as_bytes(o) for o in outs]
-    if _direct(sum(s.nbytes for s in segs), ch.size):
-        direct.all_gather(ch, segs, as_bytes(inp))
-    else:
-        ring.all_gather(ch, segs, as_bytes(inp))
+    ring.all_gather(ch, [as_bytes(o) for o in outs], as_bytes(inp))
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

@@ -103,26 +103,31 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
 def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
                chunk_bytes: int | None = None) -> None:
     """Afterwards every segs[i] holds rank i's segment. The own segment is sent straight from
-    ``mine`` (if given) and copied into segs[rank] while the first sends are on the wire."""
+    ``mine`` (if given); its local copy into segs[rank] is done a chunk at a time between
+    receives, so it never holds up the upstream rank."""
     w, r = ch.size, ch.rank
-    copy_mine = mine is not None and segs[r].ctypes.data != mine.ctypes.data
-    src = mine if copy_mine else segs[r]
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+    if mine is not None and segs[r].ctypes.data != mine.ctypes.data:
+        copies = list(zip(chunks(segs[r], k), chunks(mine, k), strict=True))
+    src = mine if copies else segs[r]
     nxt, prv = (r + 1) % w, (r - 1) % w
     if w > 1:
         for c in chunks(src, k):
             if c.size:
                 ch.send(nxt, c)
-    if copy_mine:
-        segs[r][...] = mine
     for s in range(w - 1):
         forward = s < w - 2
         for c in chunks(segs[(r - s - 1) % w], k):
-            if not c.size:
-                continue
-            ch.recv(prv, c)
-            if forward:
-                ch.send(nxt, c)
+            if c.size:
+                ch.recv(prv, c)
+                if forward:
+                    ch.send(nxt, c)
+            if copies:
+                dst, part = copies.pop()
+                dst[...] = part
+    for dst, part in copies:
+        dst[...] = part
     ch.flush()
 
 
