@@ -6,6 +6,8 @@ Each function takes the op's Channel and host (CPU) tensors and picks the algori
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import torch
 
@@ -13,9 +15,13 @@ from .algorithms import direct, doubling, ring
 from .algorithms.base import Channel, Scratch, split
 from .reduce import UPCAST, Op, finisher, reducer
 
-#: At or below this many bytes, all-reduce and broadcast use log2(n)-round algorithms instead
-#: of the ring (measured on loopback and on emulated 1 Gbit links; see benchmarks/).
-SMALL_BYTES = 64 << 10
+#: At or below this many bytes, all-reduce and reduce use recursive doubling instead of the
+#: ring. benchmarks/threshold.py, 4 ranks: doubling wins up to 1-2 MiB on loopback and 10 Gbit
+#: links (CPU-bound), up to 64-128 KiB on 1 Gbit links (it moves log2(n)x the data per rank).
+SMALL_BYTES = 128 << 10
+#: The same switch for broadcast (binomial tree vs pipelined chain): the tree's root sends
+#: log2(n) full copies, so the chain wins from 16-32 KiB on 1 Gbit, and loopback from ~2 MiB.
+BROADCAST_SMALL_BYTES = 64 << 10
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
@@ -63,6 +69,17 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
     red.commit()
 
 
+def all_reduce_pieces(ch: Channel, pieces: Iterable[tuple[torch.Tensor, Callable[[], None]]],
+                      op: Op, scratch: Scratch) -> None:
+    """All-reduce of a staged tensor piece by piece (``StagingHandoff.pieces``): each piece is
+    its own exchange, run once its copy to the host landed, and its copy back starts before the
+    next one. Every rank cuts the same pieces (by total size), so the exchanges line up; each
+    element is in one piece, so AVG divides once and half types round once."""
+    for host, copy_back in pieces:
+        all_reduce(ch, host, op, scratch)
+        copy_back()
+
+
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:
     """Coalesced all-reduce: one flat buffer, one op, results copied back."""
     if not ts:
@@ -78,7 +95,7 @@ def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratc
 
 def broadcast(ch: Channel, t: torch.Tensor, root: int) -> None:
     buf = as_bytes(t)
-    if buf.nbytes <= SMALL_BYTES:
+    if buf.nbytes <= BROADCAST_SMALL_BYTES:
         doubling.broadcast(ch, buf, root)
     else:
         ring.broadcast(ch, buf, root)

@@ -190,12 +190,18 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True, opts=None) -> Work:
+                collective: bool = True, opts=None, piecewise=None) -> Work:
         device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
         handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
+        # A staged hand-off may cut a large tensor in pieces so its device copies overlap the
+        # exchange; ``piecewise(ch, pieces)`` is then the body (CPU hand-offs have no pipeline).
+        pipeline = getattr(handoff, "pipeline", None) if piecewise is not None else None
+        if pipeline is not None and pipeline():
+            pieces = handoff.pieces
+            body = lambda ch, h: piecewise(ch, pieces())
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective)
@@ -223,7 +229,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
-                            [t], [True], [True], [t], opts=opts)
+                            [t], [True], [True], [t], opts=opts,
+                            piecewise=lambda ch, ps: coll.all_reduce_pieces(ch, ps, redop, scratch))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"

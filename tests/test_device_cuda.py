@@ -102,6 +102,60 @@ def test_collectives_and_p2p_on_cuda_tensors() -> None:
     assert all(run_ranks(_ops, 2, timeout=180))
 
 
+def _pieces(rank: int, world: int) -> bool:
+    import torch.distributed as dist
+
+    from mccl.device import staging
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    calls: list[int] = []
+    orig = staging.StagingHandoff.pieces
+
+    def counted(self):
+        calls.append(len(self._offs) - 1)  # pieces of this op
+        return orig(self)
+
+    staging.StagingHandoff.pieces = counted  # type: ignore[method-assign]
+    SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
+
+    def check(n: int, dtype: torch.dtype, op, future: bool = False) -> None:
+        def vals(r: int) -> torch.Tensor:
+            return (torch.arange(n, device=dev) % 1000 * (r + 1) + r).to(dtype)
+
+        t = torch.zeros(n, device=dev, dtype=dtype)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        t.copy_(vals(rank))  # produced long after all_reduce is called (O1)
+        w = dist.all_reduce(t, op=op, async_op=True)
+        if future:
+            got = w.get_future().wait()[0] * 1  # DDP's path: no Work.wait()
+        else:
+            w.wait()
+            got = t * 1  # consumer kernel right after wait (O2)
+        want = sum(vals(r).float() for r in range(world))  # float32 sums, one rounding
+        if op == AVG:
+            want = want / world
+        assert torch.equal(got, want.to(dtype)), (n, dtype, op, future)
+
+    shipped = staging.PIECE_MIN_BYTES, staging.PIECE_BYTES
+    staging.PIECE_MIN_BYTES, staging.PIECE_BYTES = 1 << 20, 1 << 20  # test hook: ~1 MiB pieces
+    check(100_000, torch.float32, SUM)  # below the threshold: one piece
+    assert calls == []
+    check(3_000_001, torch.float32, SUM)
+    check(3_000_001, torch.float32, AVG, future=True)
+    check(1_500_001, torch.float16, SUM)
+    check(1_000_003, torch.bfloat16, AVG, future=True)
+    assert calls == [12, 12, 3, 2]
+    staging.PIECE_MIN_BYTES, staging.PIECE_BYTES = shipped
+    check(24_000_001, torch.float32, SUM)  # 96 MB with the shipped sizes
+    assert calls[-1] == staging.piece_count(24_000_001 * 4) >= 2
+    return True
+
+
+def test_pieced_all_reduce_on_cuda_tensors() -> None:
+    assert all(run_ranks(_pieces, 2, timeout=240))
+
+
 def _ddp(rank: int, world: int) -> list:
     from tests.ddp_model import train_ddp
 

@@ -9,11 +9,14 @@ buffers are pooled and never reused before their last copy finished.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff
+from mccl.device import staging
+from mccl.device.cpu import CpuAdapter
+from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff, piece_count
 from tests.device_fakes import FakeAsyncOps, FakeEvent, install_fake_staging, slow_fill
 from tests.multiproc import run_ranks
 
@@ -183,6 +186,162 @@ def test_synchronous_host_ops_stage_correctly() -> None:
     assert torch.equal(t, -torch.arange(6.0)) and h.gate() is None
 
 
+# ---- pieces: a large all-reduce's copies overlap its exchange ----
+
+def _small_pieces(monkeypatch, min_bytes: int = 1 << 10, piece: int = 1 << 10) -> None:
+    """Test hook: lower the piece thresholds instead of staging huge tensors."""
+    monkeypatch.setattr(staging, "PIECE_MIN_BYTES", min_bytes)
+    monkeypatch.setattr(staging, "PIECE_BYTES", piece)
+
+
+def test_piece_count_depends_on_the_size_only() -> None:
+    lo, p = staging.PIECE_MIN_BYTES, staging.PIECE_BYTES
+    assert piece_count(0) == piece_count(lo) == 1
+    assert piece_count(lo + 1) == 2  # just above the threshold: at least two pieces
+    assert piece_count(4 * p) == 4 and piece_count(4 * p + 1) == 5
+    assert piece_count(256 << 20) == -(-(256 << 20) // p)
+
+
+def _produce(ops: FakeAsyncOps, t: torch.Tensor, value: torch.Tensor, delay: float = 0.05):
+    """A "kernel" on the caller's stream that writes ``value`` into t some time later."""
+
+    def run() -> None:
+        time.sleep(delay)
+        t.copy_(value)
+
+    ops.current.enqueue(run)
+
+
+def test_pieces_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) -> None:
+    _small_pieces(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.01)
+    n = 1001  # 4004 bytes: 4 pieces of 250-251 elements
+    t = torch.zeros(n)
+    want = torch.arange(float(n))
+    _produce(ops, t, want)  # still running at prepare: acquire must wait for the marker (O1)
+    h = adapter.prepare([t], [True], [True])
+    assert h.pipeline()
+
+    def comm() -> list:
+        h.acquire()
+        assert [d for d, _ in ops.copies] == ["out"] * 4  # every copy out enqueued up front
+        outs = list(ops.fences)
+        assert len(outs) == 4  # one fence per piece, none waited by acquire
+        log, got = [], []
+        for i, (piece, copy_back) in enumerate(h.pieces()):
+            assert [f.syncs for f in outs] == [1] * (i + 1) + [0] * (3 - i)
+            got.append(piece.clone())
+            piece.mul_(2)
+            copy_back()
+            log.append([d for d, _ in ops.copies])
+        h.release()
+        return [log, got]
+
+    log, got = _on_thread(comm)
+    assert torch.equal(torch.cat(got), want)  # pieces tile the tensor, each copied before use
+    assert [len(g) for g in got] == [250, 250, 250, 251]
+    for i, seen in enumerate(log):  # piece i's copy back is enqueued before piece i+1 runs
+        assert seen == ["out"] * 4 + ["back"] * (i + 1)
+    assert {th for _, th in ops.copies} == {"comm"}  # O3: copies only from the comm thread
+    assert len(ops.fences) == 5  # ... and one completion fence, recorded after the last
+    gate = h.gate()
+    assert gate is not None
+    gate()  # the consumer's stream waits for the completion fence (O2)
+    seen: list[torch.Tensor] = []
+    ops.current.enqueue(lambda: seen.append(t.clone()))
+    ops.current.synchronize()
+    assert torch.equal(seen[0], 2 * want)
+
+
+def test_release_copies_back_the_pieces_not_handed_back(monkeypatch) -> None:
+    _small_pieces(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.005)
+    t = torch.arange(777.0)
+    h = adapter.prepare([t], [True], [True])
+    assert h.pipeline()
+
+    def comm() -> None:
+        h.acquire()
+        for i, (piece, copy_back) in enumerate(h.pieces()):
+            piece.neg_()
+            if i == 0:
+                copy_back()
+        h.release()
+
+    _on_thread(comm)
+    assert [d for d, _ in ops.copies].count("back") == piece_count(777 * 4)
+    h.gate()()
+    ops.current.synchronize()
+    assert torch.equal(t, -torch.arange(777.0))
+
+
+def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatch) -> None:
+    _small_pieces(monkeypatch)
+    adapter, _ = _adapter()
+    big, small = torch.ones(1000), torch.ones(10)
+    assert not adapter.prepare([small], [True], [True]).pipeline()  # below the threshold
+    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline()
+    assert not adapter.prepare([big], [True], [False]).pipeline()
+    assert not adapter.prepare([big], [False], [True]).pipeline()
+    # a one-stream device (MPS staging) copies out on the caller before the marker: one piece
+    adapter, ops = _adapter(copy_out_on_caller=True)
+    h = adapter.prepare([big], [True], [True])
+    assert not h.pipeline()
+    _on_thread(lambda: (h.acquire()[0].mul_(3), h.release()))
+    ops.current.synchronize()
+    assert torch.equal(big, torch.full((1000,), 3.0))
+    # CPU tensors stay zero-copy: the CPU hand-off has no pipeline at all
+    assert not hasattr(CpuAdapter().prepare([big], [True], [True]), "pipeline")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+def test_pieces_of_odd_sizes_and_dtypes_tile_the_tensor(monkeypatch, dtype) -> None:
+    _small_pieces(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.001)
+    t = (torch.arange(1237) % 100).to(dtype)
+    h = adapter.prepare([t], [True], [True])
+    assert h.pipeline()
+
+    def comm() -> list[int]:
+        h.acquire()
+        sizes = []
+        for piece, copy_back in h.pieces():
+            assert piece.dtype == dtype
+            sizes.append(piece.numel())
+            piece.add_(1)
+            copy_back()
+        h.release()
+        return sizes
+
+    sizes = _on_thread(comm)
+    assert sum(sizes) == 1237 and len(sizes) == piece_count(1237 * t.element_size())
+    assert max(sizes) - min(sizes) <= 1
+    ops.side.synchronize()
+    assert torch.equal(t, (torch.arange(1237) % 100 + 1).to(dtype))
+
+
+def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
+    _small_pieces(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.002)
+    for i in range(4):
+        t = torch.full((600,), float(i))
+        h = adapter.prepare([t], [True], [True])
+        assert h.pipeline()
+
+        def comm(h: StagingHandoff = h) -> None:
+            h.acquire()
+            for piece, copy_back in h.pieces():
+                piece.add_(1)
+                copy_back()
+            h.release()
+
+        _on_thread(comm)
+        h.gate()()
+        ops.current.synchronize()
+        assert torch.equal(t, torch.full((600,), float(i + 1)))
+    assert ops.host_allocs == 1 and adapter.pool.held_bytes == 600 * 4
+
+
 # ---- end to end: real ranks, every op through the fake asynchronous staging adapter ----
 
 def _collectives_through_fake_staging(rank: int, world: int, on_caller: bool) -> str:
@@ -234,3 +393,53 @@ def _collectives_through_fake_staging(rank: int, world: int, on_caller: bool) ->
 def test_collectives_end_to_end_through_fake_staging(on_caller: bool) -> None:
     res = run_ranks(_collectives_through_fake_staging, 3, on_caller)
     assert all(r.startswith("allocs=") for r in res)
+
+
+def _pieced_all_reduce_through_fake_staging(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    from mccl import collectives
+
+    # test hook in the rank process: pieces just above the doubling switch (each runs the
+    # ring) for the large sizes, ~40 KB pieces (doubling) for the mid ones
+    staging.PIECE_MIN_BYTES = 32 << 10
+    staging.PIECE_BYTES = collectives.SMALL_BYTES + (16 << 10)
+    adapter = install_fake_staging(False)
+    ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
+
+    def check(n: int, dtype: torch.dtype, op, vals, pieced: bool = True) -> None:
+        t = torch.zeros(n, dtype=dtype)
+        _produce(ops, t, vals(rank).to(dtype), delay=0.02)
+        outs = [d for d, _ in ops.copies].count("out")
+        dist.all_reduce(t, op=op, async_op=True).wait()  # gate: waits for the copy back
+        seen: list[torch.Tensor] = []
+        ops.current.enqueue(lambda: seen.append(t.clone()))  # consumer right after wait
+        ops.current.synchronize()
+        if dtype.is_floating_point:  # reduce in float32 (half types too), divide once
+            want = sum(vals(r).to(dtype).float() for r in range(world))
+            if op == dist.ReduceOp.AVG:
+                want = want / world
+        else:
+            want = sum(vals(r).to(dtype) for r in range(world))
+        assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
+        pieces = piece_count(n * t.element_size())
+        assert (pieces > 1) == pieced
+        assert [d for d, _ in ops.copies].count("out") - outs == pieces, (n, dtype)
+
+    SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
+    ints = lambda r: torch.arange(70_001) % 1000 * (r + 1) + r  # noqa: E731
+    check(5_000, torch.float32, SUM, lambda r: torch.arange(5_000) * (r + 1), pieced=False)
+    check(70_001, torch.float32, SUM, ints)  # 280 KB: ring per piece
+    check(70_001, torch.float32, AVG, ints)
+    check(40_001, torch.float16, SUM, lambda r: torch.arange(40_001) % 7 * 0.5 * (r + 1))
+    check(40_001, torch.bfloat16, AVG, lambda r: torch.arange(40_001) % 5 * (r + 1.0))
+    check(9_999, torch.int64, SUM, lambda r: torch.arange(9_999) * (r + 1))
+    allocs = ops.host_allocs
+    for _ in range(3):
+        check(70_001, torch.float32, SUM, ints)
+    assert ops.host_allocs == allocs  # the pooled buffer of that size is reused
+    return "ok"
+
+
+def test_pieced_all_reduce_end_to_end_through_fake_staging() -> None:
+    assert run_ranks(_pieced_all_reduce_through_fake_staging, 3) == ["ok"] * 3
