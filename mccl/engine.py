@@ -99,6 +99,9 @@ class Engine:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._busy = 0  # jobs submitted and not yet finished (guarded by _seq_lock)
+        # One executor at a time: an inline job on a caller's thread and the comm thread must
+        # never read the sockets together (another thread may submit while one runs inline).
+        self._exec_lock = threading.Lock()
         self.error: CollectiveError | None = None
         self._stopped = False
         self._aborted = False
@@ -127,7 +130,8 @@ class Engine:
                 self._q.put(job)
         if run_here:
             try:
-                self._execute(job)
+                with self._exec_lock:
+                    self._execute(job)
             finally:
                 with self._seq_lock:
                     self._busy -= 1
@@ -139,7 +143,8 @@ class Engine:
             if job is None:
                 return
             try:
-                self._execute(job)
+                with self._exec_lock:
+                    self._execute(job)
             finally:
                 with self._seq_lock:
                     self._busy -= 1

@@ -43,6 +43,10 @@ def signature(kind: Kind, dtype: torch.dtype | None = None, redop: Op | None = N
                      int(redop) if redop is not None else 0, root, count)
 
 
+_COUNTED = (Kind.ALL_REDUCE, Kind.BROADCAST, Kind.REDUCE, Kind.ALL_GATHER, Kind.GATHER,
+            Kind.SCATTER, Kind.REDUCE_SCATTER)
+
+
 def describe(sig: Signature) -> str:
     """Human form of a signature, e.g. ``all_reduce(SUM, torch.float32, 1000 elements)``."""
     try:
@@ -57,7 +61,7 @@ def describe(sig: Signature) -> str:
             parts.append(f"redop{sig.redop}")
     if sig.dtype:
         parts.append(str(DTYPES[sig.dtype - 1]) if sig.dtype <= len(DTYPES) else "dtype?")
-    if sig.count:
+    if sig.count or sig.op in _COUNTED:  # "0 elements" matters in a count mismatch
         parts.append(f"{sig.count} elements")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
         parts.append(f"root={sig.root}")

@@ -47,12 +47,14 @@ def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_tim
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mccl",
               timeout: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
               pg_timeout_s: float = 60.0, init: bool = True,
-              allow_fail: bool = False) -> list[Any]:
+              allow_fail: bool = False, expect_missing: tuple[int, ...] = ()) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; return results by rank.
 
     Raises AssertionError with the failing ranks' tracebacks, or if any rank does not finish
     within ``timeout`` seconds (all processes are killed first). With ``allow_fail`` a rank's
-    traceback text is returned in its slot instead of raising.
+    traceback text is returned in its slot instead of raising. Ranks in ``expect_missing``
+    (a test kills or stops them) are not waited for once the others reported; their slot is
+    None and they are killed at the end.
     """
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -67,8 +69,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
     import time
 
     deadline = time.monotonic() + timeout
+    wanted = set(range(world)) - set(expect_missing)
     try:
-        while len(results) < world:
+        while not wanted <= set(results):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -80,17 +83,19 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
                 continue
             results[rank] = (ok, value)
     finally:
+        for r in expect_missing:
+            procs[r].kill()
         for p in procs:
             p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    missing = sorted(set(range(world)) - set(results))
+    missing = sorted(wanted - set(results))
     if missing:
         detail = "\n".join(f"rank {r}: {v}" for r, (ok, v) in results.items() if not ok)
         raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s\n{detail}")
     failed = {r: v for r, (ok, v) in results.items() if not ok}
     if failed and not allow_fail:
         raise AssertionError("\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failed.items())))
-    return [results[r][1] for r in range(world)]
+    return [results[r][1] if r in results else None for r in range(world)]

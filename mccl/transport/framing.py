@@ -17,13 +17,18 @@ VERSION = 1
 # Frame kinds.
 DATA = 1  # payload of a collective, ordered by sequence number
 P2P = 2  # payload of send/recv, matched by tag
-ERROR = 3  # the sender failed; payload is a UTF-8 reason
+ERROR = 3  # the sender failed; payload is a UTF-8 reason, sig.root the blamed rank or -1
+STATE = 4  # the sender is blocked in op seq/sig; payload: the rank it waits for (int32, -1)
+BYE = 5  # the sender shut the group down cleanly; no payload
+KINDS = (DATA, P2P, ERROR, STATE, BYE)
 
 #: Largest unexpected (stashed) payload we allocate for; expected payloads are bounded by the
 #: buffer the receiver posted.
 MAX_UNEXPECTED_BYTES = 1 << 34
 #: Largest error reason accepted.
 MAX_ERROR_BYTES = 1 << 16
+#: Payload of a STATE frame: the rank the sender waits for.
+STATE_PAYLOAD = struct.Struct("<i")
 
 # magic, version, kind, op, dtype, redop, pad, root/tag, group, seq, count, length
 _HEADER = struct.Struct("<2sBBBBBxiIQQQ")
@@ -70,10 +75,17 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
         raise FrameError(f"bad frame magic {bytes(magic)!r}")
     if version != VERSION:
         raise FrameError(f"unsupported frame version {version} (this side speaks {VERSION})")
-    if kind not in (DATA, P2P, ERROR):
+    if kind > P2P:  # control frames: fixed or small payloads
+        if kind > BYE:
+            raise FrameError(f"unknown frame kind {kind}")
+        if kind == ERROR and length > MAX_ERROR_BYTES:
+            raise FrameError(f"error frame of {length} bytes exceeds {MAX_ERROR_BYTES}")
+        if kind == STATE and length != STATE_PAYLOAD.size:
+            raise FrameError(f"state frame of {length} bytes (expected {STATE_PAYLOAD.size})")
+        if kind == BYE and length:
+            raise FrameError(f"bye frame with a {length}-byte payload")
+    elif kind < DATA:
         raise FrameError(f"unknown frame kind {kind}")
-    if kind == ERROR and length > MAX_ERROR_BYTES:
-        raise FrameError(f"error frame of {length} bytes exceeds {MAX_ERROR_BYTES}")
     if length > MAX_UNEXPECTED_BYTES:
         raise FrameError(f"frame length {length} exceeds {MAX_UNEXPECTED_BYTES}")
     return Header(kind, Signature(op, dtype, redop, root, count), group, seq, length)

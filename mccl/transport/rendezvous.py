@@ -7,10 +7,12 @@ restarts and a dead attempt's keys are still there.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import secrets
+import selectors
 import socket
 import struct
 import sys
@@ -28,6 +30,10 @@ HELLO_TIMEOUT_S = 5.0
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
 LISTEN_BACKLOG = 128
+#: Unauthenticated connections held at once; beyond this the oldest is dropped.
+MAX_PENDING = 256
+_TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                     errno.ECONNABORTED, errno.EPROTO}
 
 
 class Store(Protocol):
@@ -108,7 +114,12 @@ def shared_secret(store: Store, ns: str, rank: int) -> bytes:
 
 
 class _Acceptor:
-    """Accept and authenticate connections until every expected peer has arrived."""
+    """Accept and authenticate connections until every expected peer has arrived.
+
+    One thread and a selector: an unauthenticated connection costs a socket, never a thread,
+    and must complete its hello within HELLO_TIMEOUT_S. Port scans, random bytes, a wrong
+    secret or another job's ranks are dropped without disturbing the peers that belong.
+    """
 
     def __init__(self, listener: socket.socket, secret: bytes, group: int, rank: int,
                  size: int, expected: set[int]):
@@ -118,31 +129,85 @@ class _Acceptor:
         self.socks: dict[int, socket.socket] = {}
         self.cond = threading.Condition()
         self.stop = False
-        self.thread = threading.Thread(target=self._loop, name="mccl-accept", daemon=True)
+        self.dropped = 0
+        self.error: BaseException | None = None
+        self._pending: dict[socket.socket, tuple[bytearray, float]] = {}
+        self._sel = selectors.DefaultSelector()
+        self.thread = threading.Thread(target=self._run, name="mccl-accept", daemon=True)
         self.thread.start()
 
-    def _loop(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self.stop:
+    def _done(self) -> bool:
+        with self.cond:
+            return self.expected <= set(self.socks)
+
+    def _run(self) -> None:
+        try:
+            self.listener.setblocking(False)
+            self._sel.register(self.listener, selectors.EVENT_READ, None)
+            while not self.stop and not self._done():
+                for key, _ in self._sel.select(0.2):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                now = time.monotonic()
+                for conn, (_, deadline) in list(self._pending.items()):
+                    if now > deadline:
+                        self._drop(conn, f"no hello within {HELLO_TIMEOUT_S:.0f}s")
+        except Exception as e:  # noqa: BLE001 - reported to wait(), never lost in a thread
+            if not self.stop:
+                self.error = e
+                log.exception("rank %d: connection acceptor failed", self.rank)
+        finally:
+            for conn in list(self._pending):
+                self._drop(conn, "group setup ended", quiet=True)
+            self._sel.close()
             with self.cond:
-                if self.expected <= set(self.socks):
-                    return
+                self.cond.notify_all()
+
+    def _accept(self) -> None:
+        while True:
             try:
                 conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+            except (BlockingIOError, InterruptedError):
                 return
-            threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
+            except OSError as e:
+                if e.errno in _TRANSIENT_ACCEPT:  # out of fds or buffers: retry later
+                    log.warning("rank %d: accept failed (%s); retrying", self.rank, e)
+                    time.sleep(0.05)
+                    return
+                raise
+            conn.setblocking(False)
+            if len(self._pending) >= MAX_PENDING:  # flood: the oldest pending one goes
+                self._drop(next(iter(self._pending)), "too many pending connections")
+            self._pending[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S)
+            self._sel.register(conn, selectors.EVENT_READ, True)
 
-    def _greet(self, conn: socket.socket) -> None:
+    def _read(self, conn: socket.socket) -> None:
+        buf, _ = self._pending[conn]
         try:
-            conn.settimeout(HELLO_TIMEOUT_S)
-            raw = handshake.read_exact(conn, handshake.HELLO_SIZE)
-            src, nonce = handshake.parse_hello(raw, self.secret, self.group, self.rank, self.size)
+            chunk = conn.recv(handshake.HELLO_SIZE - len(buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(conn, str(e))
+            return
+        if not chunk:
+            self._drop(conn, f"closed after {len(buf)} of {handshake.HELLO_SIZE} hello bytes")
+            return
+        buf += chunk
+        if len(buf) < handshake.HELLO_SIZE:
+            return
+        self._sel.unregister(conn)
+        del self._pending[conn]
+        try:
+            src, nonce = handshake.parse_hello(bytes(buf), self.secret, self.group, self.rank,
+                                               self.size)
             with self.cond:
                 if src not in self.expected or src in self.socks:
                     raise handshake.HandshakeError(f"unexpected or duplicate rank {src}")
+            conn.setblocking(True)
+            conn.settimeout(HELLO_TIMEOUT_S)
             conn.sendall(handshake.make_ack(self.secret, nonce, self.group, src, self.rank))
             with self.cond:
                 if src in self.socks:
@@ -150,12 +215,32 @@ class _Acceptor:
                 self.socks[src] = conn
                 self.cond.notify_all()
         except (OSError, handshake.HandshakeError) as e:
-            log.warning("rank %d dropped an incoming connection: %s", self.rank, e)
+            self._drop(conn, str(e), registered=False)
+
+    def _drop(self, conn: socket.socket, why: str, quiet: bool = False,
+              registered: bool = True) -> None:
+        if registered:
+            self._pending.pop(conn, None)
+            try:
+                self._sel.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+        try:
             conn.close()
+        except OSError:
+            pass
+        if quiet:
+            return
+        self.dropped += 1
+        level = logging.WARNING if self.dropped <= 5 else logging.DEBUG
+        log.log(level, "rank %d dropped an incoming connection: %s", self.rank, why)
 
     def wait(self, deadline: float) -> dict[int, socket.socket]:
         with self.cond:
             while not self.expected <= set(self.socks):
+                if self.error is not None:
+                    raise ConnectionError(f"rank {self.rank}: accepting peers failed: "
+                                          f"{self.error}") from self.error
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(self.expected - set(self.socks))

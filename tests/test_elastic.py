@@ -1,0 +1,45 @@
+"""Elastic restart under torchrun: a worker is killed, torchrun restarts the group, training
+resumes from the last checkpoint and ends with the same weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.multiproc import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import elastic_train  # noqa: E402
+
+
+def test_killed_worker_restarts_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--max-restarts", "2", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(ROOT / "examples" / "elastic_train.py"), "--steps", "30", "--ckpt-every", "5",
+           "--crash-at-step", "17", "--ckpt-dir", str(tmp_path), "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
+        log, _ = proc.communicate()
+        raise AssertionError(f"torchrun did not finish:\n{log[-4000:]}") from None
+    assert proc.returncode == 0, log[-4000:]
+    res = json.loads(out.read_text())
+    assert res["attempt"] == 1, res  # one restart happened
+    assert res["resumed_from"] == 15, res  # the last checkpoint before the crash at step 17
+    want = elastic_train.reference(30, 2)
+    assert torch.allclose(torch.tensor(res["w"], dtype=torch.float64), want, rtol=0, atol=1e-12)
+    assert "CollectiveError" in log or "exitcode: -9" in log, log[-4000:]

@@ -1,0 +1,284 @@
+"""Never hang, never corrupt, on real processes: dead (kill -9), stalled (SIGSTOP) and
+unplugged peers, abort, collective mismatches at 2, 3 and 4 ranks, and bad input.
+
+Each test is one spawned run that goes through several scenarios on fresh subgroups, to keep
+the suite fast. Time to error is recorded but never asserted: the only timing assertion is that
+errors arrive before run_ranks' hard timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests.multiproc import run_ranks
+
+#: Group timeout of the groups in which a peer stalls.
+STALL_TIMEOUT_S = 5.0
+
+
+def _storm(rank: int, group, name: str, victim: int, act) -> dict:
+    """All-reduce 4 MB (ring path) until it fails; ``act`` runs on the victim's side thread
+    mid-collective. Returns how and when this rank's op failed."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    store = dist.distributed_c10d._get_default_store()
+    key = f"fault/{name}"
+    if rank == victim:
+        def fire() -> None:
+            time.sleep(0.3)
+            store.set(key, repr(time.time()))
+            act()
+
+        threading.Thread(target=fire, daemon=True).start()
+    t = torch.ones(1 << 20)
+    try:
+        for _ in range(100_000):
+            dist.all_reduce(t, group=group)
+    except CollectiveError as e:
+        failed_at = time.time()
+        return {"peer": e.peer, "op": e.op, "msg": str(e),
+                "after_s": failed_at - float(store.get(key).decode())}
+    return {"msg": "no error"}
+
+
+def _faults(rank: int, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    pids: list = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    everyone = list(range(world))
+    short = timedelta(seconds=STALL_TIMEOUT_S)
+    g_stop = dist.new_group(everyone, timeout=short)
+    g_link = dist.new_group(everyone, timeout=short)
+    g_abort = dist.new_group(everyone)
+    g_kill = dist.new_group(everyone, timeout=short)
+    out: dict = {}
+
+    # 1. Rank 2 is stopped (SIGSTOP) mid-collective; rank 0 resumes it once all failed.
+    store = dist.distributed_c10d._get_default_store()
+    out["stop"] = _storm(rank, g_stop, "stop", 2, lambda: os.kill(os.getpid(), signal.SIGSTOP))
+    if rank != 2:
+        store.set(f"stop/done/{rank}", "1")
+    if rank == 0:
+        store.wait([f"stop/done/{r}" for r in everyone if r != 2])
+        os.kill(pids[2], signal.SIGCONT)
+    dist.barrier()  # the default group survives: it did not depend on rank 2 meanwhile
+
+    # 2. Rank 1's link to rank 2 drops mid-collective.
+    out["link"] = _storm(rank, g_link, "link", 1,
+                         lambda: g_link._mesh.peer(2).sock.shutdown(2))  # SHUT_RDWR
+    dist.barrier()
+
+    # 3. Abort unblocks a receive nobody answers and the op queued behind it.
+    if rank == 0:
+        t = torch.zeros(4)
+        w1 = dist.irecv(t, src=1, group=g_abort)
+        w2 = dist.all_reduce(torch.ones(4), group=g_abort, async_op=True)
+        threading.Timer(0.3, g_abort.abort).start()
+        res = []
+        for w in (w1, w2):
+            try:
+                w.wait()
+                res.append("no error")
+            except CollectiveError as e:
+                res.append(str(e))
+        try:
+            dist.all_reduce(torch.ones(4), group=g_abort)
+            res.append("no error")
+        except CollectiveError as e:
+            res.append(str(e))
+        out["abort"] = res
+    dist.barrier()
+
+    # 4. Rank 3 is killed (kill -9) mid-collective; ranks 0 and 1 are not its ring neighbours.
+    out["kill"] = _storm(rank, g_kill, "kill", 3, lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    # The survivors tear down cleanly and no mccl thread is left behind.
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_s"] = time.monotonic() - t0
+    time.sleep(0.5)
+    out["threads"] = [t.name for t in threading.enumerate()  # (mccl-complete: process-wide)
+                      if t.name.startswith(("mccl-comm", "mccl-send", "mccl-accept"))]
+    return out
+
+
+def test_dead_stalled_and_unplugged_peers() -> None:
+    res = run_ranks(_faults, 4, timeout=240, pg_timeout_s=60, expect_missing=(3,))
+    assert res[3] is None
+    for rank in (0, 1):  # rank 2 was the one stopped, rank 3 is dead by now
+        stop = res[rank]["stop"]
+        assert stop["peer"] == 2 and stop["op"] == "all_reduce", stop
+        assert "rank 2" in stop["msg"] and "group timeout" in stop["msg"], stop
+    for rank in (0, 1, 2):
+        r = res[rank]
+        kill = r["kill"]
+        assert kill["peer"] == 3 and "rank 3" in kill["msg"], kill
+        assert "killed" in kill["msg"] or "reset" in kill["msg"] or "closed" in kill["msg"], kill
+        assert r["threads"] == [], r["threads"]
+    for rank in range(3):
+        link = res[rank]["link"]
+        assert link["peer"] in (1, 2) and "all_reduce" in link["msg"], link
+        assert "failed" in res[rank]["stop"]["msg"]
+    aborted = res[0]["abort"]
+    assert all("abort" in m for m in aborted), aborted
+
+
+# ---------------------------------------------------------------- mismatch and bad input
+
+def _cases(rank: int):
+    """name -> (normal op, odd op); each op returns a check of its own result (or None)."""
+    import torch
+    import torch.distributed as dist
+
+    R = dist.ReduceOp
+    big = 100_000
+
+    def ar(n, dtype=torch.float32, op=R.SUM):
+        def f(g):
+            t = torch.full((n,), rank + 1, dtype=dtype)
+            dist.all_reduce(t, op=op, group=g)
+            w = dist.get_world_size(g)
+            want = w * (w + 1) // 2 if op == R.SUM else w
+            return bool((t == want).all())
+        return f
+
+    def bc(n, root):
+        def f(g):
+            t = torch.full((n,), float(dist.get_rank(g) == root))
+            dist.broadcast(t, group_src=root, group=g)
+            return bool((t == 1).all())
+        return f
+
+    def ag(n):
+        def f(g):
+            outs = [torch.empty(n) for _ in range(dist.get_world_size(g))]
+            dist.all_gather(outs, torch.full((n,), float(dist.get_rank(g))), group=g)
+            return all(bool((o == i).all()) for i, o in enumerate(outs))
+        return f
+
+    def ga(n, root):
+        def f(g):
+            me = dist.get_rank(g)
+            outs = [torch.empty(n) for _ in range(dist.get_world_size(g))] if me == root else None
+            dist.gather(torch.full((n,), float(me)), outs, group_dst=root, group=g)
+            return outs is None or all(bool((o == i).all()) for i, o in enumerate(outs))
+        return f
+
+    return {
+        "op": (ar(8), bc(8, 0)),
+        "op_ring": (ar(big), ag(big // 4)),
+        "count": (ar(8), ar(12)),
+        "count_ring": (ar(big), ar(big + 4)),
+        "count_zero": (ar(8), ar(0)),
+        "dtype": (ar(8), ar(8, torch.int32)),
+        "redop": (ar(8), ar(8, op=R.MAX)),
+        "root": (bc(8, 0), bc(8, 1)),
+        "root_gather": (ga(8, 0), ga(8, 1)),
+    }
+
+
+def _bad_inputs(rank: int, w: int):
+    """name -> (call that must raise on every rank, words its message must contain)."""
+    import torch
+    import torch.distributed as dist
+
+    o = torch.ones
+    return {
+        "meta device": (lambda: dist.all_reduce(o(4, device="meta")), ["meta"]),
+        "mixed devices": (lambda: dist.all_gather([o(2)] * w, o(2, device="meta")),
+                          ["devices"]),
+        "dtype": (lambda: dist.all_reduce(o(4).to(torch.float8_e4m3fn)), ["dtype", "float8"]),
+        "op": (lambda: dist.all_reduce(o(4), op=dist._make_nccl_premul_sum(2.0)),
+               ["PREMUL_SUM"]),
+        "op/dtype": (lambda: dist.all_reduce(o(4), op=dist.ReduceOp.BXOR), ["BXOR", "float32"]),
+        "list length": (lambda: dist.all_gather([o(2)] * (w + 1), o(2)), ["list", str(w)]),
+        "scatter list": (lambda: dist.reduce_scatter(o(2), [o(2)] * (w - 1)), ["list"]),
+        "all_to_all list": (lambda: dist.all_to_all([o(2)] * w, [o(2)] * (w + 1)), ["inputs"]),
+        "output size": (lambda: dist.all_gather_into_tensor(o(2 * w + 1), o(2)),
+                        ["output", "elements"]),
+        "input size": (lambda: dist.reduce_scatter_tensor(o(2), o(2 * w + 3)),
+                       ["input", "elements"]),
+        "splits": (lambda: dist.all_to_all_single(o(2 * w), o(2 * w), [1] * (w + 1)),
+                   ["split"]),
+        "non-contiguous": (lambda: dist.all_reduce(o(4, 4).t()), ["contiguous"]),
+        "non-contiguous output": (lambda: dist.all_gather([o(4, 4).t()] * w, o(4, 4)),
+                                  ["contiguous"]),
+        "root": (lambda: dist.broadcast(o(2), src=w + 3), []),
+        "recv from self": (lambda: dist.recv(o(2), src=rank), ["itself"]),
+    }
+
+
+def _mismatch_and_bad_input(rank: int, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    out: dict = {"mismatch": [], "bad": []}
+    for name, (normal, odd) in _cases(rank).items():
+        for n in (2, 3, 4):
+            g = dist.new_group(list(range(n)), timeout=timedelta(seconds=30))
+            if rank >= n:
+                continue
+            me = dist.get_rank(g)
+            t0 = time.monotonic()
+            op_ok, at, msg = None, "op", ""
+            try:
+                op_ok = (odd if me == n - 1 else normal)(g)
+                at = "next op"
+                dist.barrier(group=g)
+                at = "none"
+            except Exception as e:  # noqa: BLE001
+                msg = str(e)
+            out["mismatch"].append((name, n, me, op_ok, at, time.monotonic() - t0, msg))
+
+    for name, (call, words) in _bad_inputs(rank, world).items():
+        try:
+            call()
+            err = "NO ERROR"
+        except (TypeError, ValueError, RuntimeError) as e:
+            err = f"{type(e).__name__}: {e}"
+        t = torch.full((3,), float(rank))
+        dist.all_reduce(t)  # the group is still usable after every error
+        usable = bool((t == world * (world - 1) / 2).all())
+        out["bad"].append((name, words, err, usable))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatch_run() -> list[dict]:
+    return run_ranks(_mismatch_and_bad_input, 4, timeout=240, pg_timeout_s=60)
+
+
+def test_mismatch_every_rank_errors(mismatch_run) -> None:
+    """Ranks that issue different ops, counts, dtypes, reduce ops or roots at one sequence
+    number all get an error naming the mismatch, at 2, 3 and 4 ranks with one odd rank. A rank
+    whose part needed nothing from others (a broadcast root, say) may complete the op; its
+    result is then right, and its next op on the group raises."""
+    rows = [row for r in mismatch_run for row in r["mismatch"]]
+    assert len(rows) == len(_cases(0)) * (2 + 3 + 4)
+    for name, n, me, op_ok, at, _, msg in rows:
+        where = f"{name} at {n} ranks, rank {me}"
+        assert at != "none", f"{where}: no error"
+        assert "collective mismatch" in msg and "rank" in msg, f"{where}: {msg}"
+        assert op_ok in (None, True), f"{where}: the op returned a wrong result"
+
+
+def test_bad_input_is_clear_and_group_stays_usable(mismatch_run) -> None:
+    for rank, r in enumerate(mismatch_run):
+        for name, words, err, usable in r["bad"]:
+            assert err != "NO ERROR", f"rank {rank}: {name} did not raise"
+            for w in words:
+                assert w in err, f"rank {rank}: {name}: {w!r} not in {err!r}"
+            assert usable, f"rank {rank}: group unusable after {name}"

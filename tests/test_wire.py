@@ -1,0 +1,458 @@
+"""The wire under attack and failure, in one process: listener hardening during group setup,
+fuzzed handshake and frame parsers, random bytes from a fake peer, and the transport's
+failure paths (silent peer, dead bystander, error frames, probes, abort).
+
+No torch processes here, so these run in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mccl.transport import framing, handshake
+from mccl.transport.framing import (
+    BYE,
+    DATA,
+    ERROR,
+    HEADER_SIZE,
+    MAX_ERROR_BYTES,
+    MAX_UNEXPECTED_BYTES,
+    P2P,
+    STATE,
+    STATE_PAYLOAD,
+    FrameError,
+    Signature,
+    pack_header,
+    unpack_header,
+)
+from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
+from mccl.transport.tcp import Mesh, MismatchError, PeerError
+
+FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+#: Plain seeded random inputs on top of hypothesis's (cheap, so many more).
+BULK = 20_000
+SIG = Signature(1, 1, 0, 0, 4)
+GROUP = 0x1234
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (Mesh wants TCP, not a socketpair)."""
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        a = socket.create_connection(lst.getsockname())
+        b, _ = lst.accept()
+    return a, b
+
+
+def make_mesh(size: int = 2, timeout_s: float = 5.0, probe_s: float = 0.05):
+    """Mesh of rank 0 whose peers are fake: returns (mesh, {rank: far-end socket})."""
+    mine, far = {}, {}
+    for r in range(1, size):
+        mine[r], far[r] = tcp_pair()
+    return Mesh(0, size, GROUP, mine, timeout_s, "test", probe_s=probe_s), far
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+# ---------------------------------------------------------------- listener hardening
+
+def _closed_by_listener(s: socket.socket) -> bool:
+    s.settimeout(15)
+    try:
+        return s.recv(100) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_listener_drops_intruders_during_setup() -> None:
+    """Port scans, random bytes, wrong secrets and another job hit rank 0's listener while it
+    waits for its peers; the job still connects, with the right sockets."""
+    store = dist.HashStore()
+    world, name = 3, "attacked"
+    results: dict[int, tuple] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            results[r] = connect_mesh(store, r, world, name, 60.0, "127.0.0.1")
+        except BaseException as e:  # noqa: BLE001
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank_fn, args=(0,), daemon=True)]
+    threads[0].start()
+    ns = namespace(name)
+    host, port = store.get(ns + "addr/0").decode().rsplit(":", 1)
+    target = (host, int(port))
+    secret = bytes.fromhex(store.get(ns + "secret").decode())
+    group = group_hash(name)
+    other = os.urandom(32)
+
+    for _ in range(20):  # port scan
+        socket.create_connection(target).close()
+    slow = socket.create_connection(target)  # slowloris: half a hello, then silence
+    slow.sendall(os.urandom(handshake.HELLO_SIZE // 2))
+    attacks = [
+        os.urandom(handshake.HELLO_SIZE),
+        os.urandom(4096),
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(handshake.HELLO_SIZE),
+        handshake.make_hello(other, group, 1, 0)[0],  # wrong secret
+        handshake.make_hello(other, 0xBEEF, 1, 0)[0],  # another job's group and secret
+        handshake.make_hello(secret, group ^ 1, 1, 0)[0],  # right secret, other group
+        handshake.make_hello(secret, group, 7, 0)[0],  # rank outside the group
+        handshake.make_hello(secret, group, 1, 2)[0],  # addressed to another rank
+    ]
+    socks = []
+    for payload in attacks:
+        s = socket.create_connection(target)
+        s.sendall(payload)
+        socks.append(s)
+    assert all(_closed_by_listener(s) for s in socks), "an intruder was not dropped"
+    for s in socks:
+        s.close()
+    # A second job whose rank 1 dials this port with its own secret is refused too.
+    with pytest.raises(TimeoutError):
+        _dial(f"{host}:{port}", other, group, 1, 0, time.monotonic() + 1.0)
+
+    for r in (1, 2):
+        threads.append(threading.Thread(target=rank_fn, args=(r,), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join(60)
+    slow.close()
+    assert not errors, errors
+    assert sorted(results) == [0, 1, 2]
+
+    # The sockets really lead to the right ranks: every rank sends its rank to every peer.
+    meshes = {r: Mesh(r, world, results[r][0], results[r][1], 10.0, name) for r in results}
+    for r, m in meshes.items():
+        for q in range(world):
+            if q != r:
+                m.send(q, DATA, SIG, 1, np.full(4, r, dtype=np.int32))
+    for r, m in meshes.items():
+        for q in range(world):
+            if q != r:
+                buf = np.zeros(4, dtype=np.int32)
+                m.recv_data(q, 1, SIG, buf)
+                assert (buf == q).all()
+    for m in meshes.values():
+        m.dispose()
+
+
+def test_restart_attempt_ignores_the_dead_attempts_keys(monkeypatch) -> None:
+    """torchrun keeps its store across restarts (pytorch#135712): attempt 1 must not read the
+    secret and addresses attempt 0 left there. Rank 1 starts first, so without per-attempt
+    keys it would read rank 0's stale address and fail."""
+    store = dist.HashStore()
+    name = "elastic"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    ns0 = namespace(name)
+    with socket.socket() as dead:  # attempt 0's rank 0: published, then died
+        dead.bind(("127.0.0.1", 0))
+        store.set(ns0 + "secret", os.urandom(32).hex())
+        store.set(ns0 + "addr/0", f"127.0.0.1:{dead.getsockname()[1]}")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert namespace(name) != ns0
+    results: dict = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            results[r] = connect_mesh(store, r, 2, name, 20.0, "127.0.0.1")
+        except BaseException as e:  # noqa: BLE001
+            results[r] = e
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in (1, 0)]
+    threads[0].start()
+    time.sleep(0.3)
+    threads[1].start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(results.get(r), tuple) for r in (0, 1)), results
+    for r in (0, 1):
+        for sock in results[r][1].values():
+            sock.close()
+
+
+# ---------------------------------------------------------------- parser fuzzing
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=2 * HEADER_SIZE))
+def test_unpack_header_random_bytes(raw: bytes) -> None:
+    try:
+        hdr = unpack_header(raw)
+    except FrameError:
+        return
+    assert hdr.length <= MAX_UNEXPECTED_BYTES
+
+
+_header_fields = st.tuples(
+    st.sampled_from([framing.MAGIC, b"MX", b"\0\0"]),
+    st.sampled_from([framing.VERSION, 0, 2, 255]),
+    st.integers(0, 255),  # kind
+    st.integers(0, 255), st.integers(0, 255), st.integers(0, 255),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
+    st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 1 << 20),
+              st.sampled_from([0, 4, MAX_ERROR_BYTES, MAX_ERROR_BYTES + 1,
+                               MAX_UNEXPECTED_BYTES, MAX_UNEXPECTED_BYTES + 1])),
+)
+_HDR = struct.Struct("<2sBBBBBxiIQQQ")
+
+
+@FUZZ
+@given(_header_fields)
+def test_unpack_header_structured(fields: tuple) -> None:
+    raw = _HDR.pack(*fields)
+    try:
+        hdr = unpack_header(raw)
+    except FrameError:
+        return
+    assert hdr.kind in (DATA, P2P, ERROR, STATE, BYE)
+    assert hdr.length <= MAX_UNEXPECTED_BYTES
+    if hdr.kind == ERROR:
+        assert hdr.length <= MAX_ERROR_BYTES
+    if hdr.kind == STATE:
+        assert hdr.length == STATE_PAYLOAD.size
+    if hdr.kind == BYE:
+        assert hdr.length == 0
+
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=2 * handshake.HELLO_SIZE))
+def test_parse_hello_random_bytes(raw: bytes) -> None:
+    with pytest.raises(handshake.HandshakeError):
+        handshake.parse_hello(raw, b"s" * 32, 1, 0, 4)
+
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=2 * handshake.ACK_SIZE))
+def test_check_ack_random_bytes(raw: bytes) -> None:
+    with pytest.raises(handshake.HandshakeError):
+        handshake.check_ack(raw, b"s" * 32, b"n" * 16, 1, 1, 0)
+
+
+def test_parsers_bulk_random_inputs() -> None:
+    """Many more plain random inputs: random bytes, and valid headers and hellos with random
+    bytes overwritten."""
+    rng = random.Random(6)
+    secret = b"s" * 32
+    good_hdr = pack_header(DATA, SIG, GROUP, 1, 16)
+    good_hello = handshake.make_hello(secret, 1, 1, 0)[0]
+    for _ in range(BULK):
+        raw = bytearray(good_hdr if rng.random() < 0.5 else rng.randbytes(HEADER_SIZE))
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(HEADER_SIZE)] = rng.randrange(256)
+        try:
+            assert unpack_header(bytes(raw)).length <= MAX_UNEXPECTED_BYTES
+        except FrameError:
+            pass
+        hello = bytearray(good_hello if rng.random() < 0.5 else
+                          rng.randbytes(handshake.HELLO_SIZE))
+        hello[rng.randrange(len(hello))] ^= 1 << rng.randrange(8)
+        with pytest.raises(handshake.HandshakeError):
+            handshake.parse_hello(bytes(hello), secret, 1, 0, 2)
+
+
+def test_hello_every_bit_flip_is_refused() -> None:
+    secret = b"k" * 32
+    hello, nonce = handshake.make_hello(secret, 5, 1, 0)
+    assert handshake.parse_hello(hello, secret, 5, 0, 2) == (1, nonce)
+    for i in range(len(hello) * 8):
+        bad = bytearray(hello)
+        bad[i // 8] ^= 1 << (i % 8)
+        with pytest.raises(handshake.HandshakeError):
+            handshake.parse_hello(bytes(bad), secret, 5, 0, 2)
+    ack = handshake.make_ack(secret, nonce, 5, 1, 0)
+    handshake.check_ack(ack, secret, nonce, 5, 1, 0)
+    for i in range(len(ack) * 8):
+        bad = bytearray(ack)
+        bad[i // 8] ^= 1 << (i % 8)
+        with pytest.raises(handshake.HandshakeError):
+            handshake.check_ack(bytes(bad), secret, nonce, 5, 1, 0)
+
+
+# A valid-looking header (random kind, seq, signature, length) followed by random bytes, or
+# plain random bytes: what a confused or hostile peer could send.
+_frame_bytes = st.one_of(
+    st.binary(max_size=256),
+    st.builds(
+        lambda kind, seq, sig, length, tail: pack_header(kind, sig, GROUP, seq, length) + tail,
+        st.integers(1, 5),
+        st.integers(0, 3),
+        st.builds(Signature, st.integers(0, 2), st.integers(0, 2), st.integers(0, 1),
+                  st.integers(-1, 1), st.integers(0, 8)),
+        st.one_of(st.integers(0, 64), st.integers(0, 1 << 32)),
+        st.binary(max_size=128),
+    ),
+)
+
+
+def _feed(data: bytes, receive) -> None:
+    mesh, far = make_mesh(2)
+    try:
+        far[1].sendall(data)
+        far[1].shutdown(socket.SHUT_WR)
+        try:
+            receive(mesh)
+        except (PeerError, MismatchError):
+            pass
+    finally:
+        far[1].close()
+        mesh.dispose(join_s=0.1)
+
+
+@settings(FUZZ, max_examples=600)
+@given(st.lists(_frame_bytes, min_size=1, max_size=3).map(b"".join))
+def test_recv_random_bytes_from_fake_peer(data: bytes) -> None:
+    """recv_data and recv_p2p on garbage: a PeerError or MismatchError (or, for a valid frame,
+    data), never another exception, a crash or a huge allocation."""
+    _feed(data, lambda m: m.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    _feed(data, lambda m: m.recv_p2p(1, 0, np.zeros(16, dtype=np.uint8)))
+
+
+# ---------------------------------------------------------------- transport failure paths
+
+def test_silent_peer_times_out() -> None:
+    mesh, far = make_mesh(2, timeout_s=0.5, probe_s=0.05)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    t.join(30)
+    assert not t.is_alive()
+    assert isinstance(out.get("error"), PeerError)
+    assert "no data from rank 1" in str(out["error"]) and out["error"].culprit == 1
+    mesh.dispose()
+
+
+def test_close_unblocks_blocked_receive_and_later_sends() -> None:
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    time.sleep(0.2)
+    mesh.close()
+    t.join(30)
+    assert not t.is_alive() and isinstance(out.get("error"), PeerError)
+    with pytest.raises(PeerError):
+        mesh.send(2, DATA, SIG, 1, np.zeros(1 << 20, dtype=np.uint8))  # queued path
+    assert mesh.peer(2).marker().is_set()  # nothing can wait on a stopped sender
+    mesh.dispose()
+
+
+def test_dead_bystander_is_noticed_while_blocked() -> None:
+    """Rank 0 waits for rank 1; rank 2 dies (EOF without BYE): rank 0 fails naming rank 2."""
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    far[2].close()
+    t.join(30)
+    assert not t.is_alive()
+    err = out.get("error")
+    assert isinstance(err, PeerError) and err.peer == 2 and "rank 2 closed" in str(err)
+    mesh.dispose()
+
+
+def test_bystander_saying_bye_is_not_a_failure() -> None:
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.arange(4, dtype=np.int32)))
+    far[2].sendall(pack_header(BYE, Signature(0), GROUP, 0, 0))
+    far[2].close()
+    time.sleep(0.3)  # several probe intervals: the EOF after BYE must be ignored
+    payload = np.arange(4, dtype=np.int32)
+    far[1].sendall(pack_header(DATA, SIG, GROUP, 1, payload.nbytes) + payload.tobytes())
+    t.join(30)
+    assert not t.is_alive() and "error" not in out, out
+    mesh.dispose()
+
+
+def test_error_frame_from_bystander_names_the_culprit() -> None:
+    mesh, far = make_mesh(4, timeout_s=60.0)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    text = b"mccl all_reduce (op #1) on rank 2 failed: no data from rank 3"
+    far[2].sendall(pack_header(ERROR, Signature(0, root=3), GROUP, 1, len(text)) + text)
+    t.join(30)
+    err = out.get("error")
+    assert isinstance(err, PeerError) and err.peer == 2 and err.culprit == 3
+    assert err.origin == text.decode()
+    mesh.dispose()
+
+
+def test_probe_of_a_different_op_is_a_mismatch() -> None:
+    """Rank 0 waits in op #1 for rank 1; rank 2 reports it is blocked in op #1 of another
+    kind: a mismatch, found although no data frame will ever arrive."""
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    other = Signature(2, 1, 0, 0, 4)
+    far[2].sendall(pack_header(STATE, other, GROUP, 1, 4) + STATE_PAYLOAD.pack(0))
+    t.join(30)
+    err = out.get("error")
+    assert isinstance(err, MismatchError) and err.peer == 2
+    assert "op #1" in str(err) and "rank 2" in str(err)
+    mesh.dispose()
+
+
+def test_blocked_rank_announces_what_it_waits_for() -> None:
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    mesh.begin_op(7, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(1, 7, SIG, np.zeros(4, dtype=np.int32)))
+    for r in (1, 2):
+        far[r].settimeout(30)
+        raw = far[r].recv(HEADER_SIZE + STATE_PAYLOAD.size, socket.MSG_WAITALL)
+        hdr = unpack_header(raw[:HEADER_SIZE])
+        assert (hdr.kind, hdr.seq, hdr.sig) == (STATE, 7, SIG)
+        assert STATE_PAYLOAD.unpack(raw[HEADER_SIZE:]) == (1,)
+    mesh.close()
+    t.join(30)
+    mesh.dispose()
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
+    """A receive nobody answers and an op queued behind it: shutdown (bounded drain) or abort
+    completes both Works with an error, and later submits raise at once."""
+    from mccl import CollectiveError
+    from mccl.device.cpu import CpuHandoff
+    from mccl.engine import Engine, Job
+    from mccl.work import Work
+
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    engine = Engine(mesh, "t", 60.0)
+
+    def job(name: str, body, collective: bool = True) -> Job:
+        return Job(name, SIG, body, Work(name), CpuHandoff([]), collective=collective)
+
+    stuck = engine.submit(job("recv", lambda ch, h: mesh.recv_p2p(1, 0, bytearray(4)), False))
+    behind = engine.submit(job("all_reduce", lambda ch, h: None))
+    engine.shutdown(abort=abort, drain_s=0.5)
+    for w in (stuck, behind):
+        assert w.is_completed()
+        with pytest.raises(CollectiveError, match="aborted" if abort else "shut down"):
+            w.wait()
+    with pytest.raises(CollectiveError, match="aborted" if abort else "shut down"):
+        engine.submit(job("barrier", lambda ch, h: None))
+    for s in far.values():
+        s.close()
