@@ -10,7 +10,8 @@
 #   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda, both paths)
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
-#             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 hosts, all_reduce)
+#             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
+#   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
 #   suite     the whole test suite on this torch (compatibility with torch 2.11)
 #
 # Results: JSON/PNG/logs in $RES (default /tmp/mccl-h200), bundled into $OUT/h200_results.tar.gz
@@ -98,10 +99,23 @@ stage_cluster() {
             --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
             --json "$RES/cluster10g_cpu_n$n.json" --png "$RES/cluster10g_cpu_n$n.png"
     done
-    run cluster10g_cuda_n4 150 "$PY" -m mccl.bench --cluster --hosts 4 --world-sizes 4 \
-        --rate 10gbit --device cuda --ops all_reduce --min 1M --max 256M --factor 4 \
-        --warmup 2 --time-budget 1 --iters 10 \
-        --json "$RES/cluster10g_cuda_n4.json" --png "$RES/cluster10g_cuda_n4.png"
+    for n in 4 8; do
+        run "cluster10g_cuda_n$n" 150 "$PY" -m mccl.bench --cluster --hosts "$n" \
+            --world-sizes "$n" --rate 10gbit --device cuda --ops all_reduce --min 1M \
+            --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
+            --json "$RES/cluster10g_cuda_n$n.json" --png "$RES/cluster10g_cuda_n$n.png"
+    done
+}
+
+stage_vit() {
+    # DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts (the ranks
+    # share the one GPU), once per backend: step time, no-sync compute, bare comm, hidden %.
+    local b
+    for b in mccl gloo; do
+        run "vit10g_$b" 200 "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
+            --backend "$b" --script benchmarks/vit_ddp_step.py -- --device cuda --batch 32 \
+            --json "$RES/vit10g_$b.json"
+    done
 }
 
 stage_suite() {
@@ -109,7 +123,7 @@ stage_suite() {
 }
 
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(env tests ddp overlap doctor overlapcpu cluster suite)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(env tests ddp overlap doctor overlapcpu cluster vit suite)
 say "run_all.sh ${STAGES[*]} (repo $REPO, results $RES, deadline ${DEADLINE_S}s)"
 for s in "${STAGES[@]}"; do
     if declare -F "stage_$s" >/dev/null; then "stage_$s"; else say "unknown stage $s"; fi
