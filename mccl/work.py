@@ -64,6 +64,14 @@ class _Completer:
 _COMPLETER = _Completer()
 
 
+def _unwrap(fut: torch.futures.Future):
+    """The value of a Work's future, or its error raised (so the chained future fails)."""
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
 class Work(dist.Work):
     """Completion handle of one mccl op."""
 
@@ -74,7 +82,8 @@ class Work(dist.Work):
         self._result: list[torch.Tensor] = result if result is not None else []
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self._raw = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self._future: torch.futures.Future | None = None  # made by get_future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
         self._callbacks_lock = threading.Lock()
@@ -83,7 +92,7 @@ class Work(dist.Work):
     def complete(self, gate=None, result_ctx=None) -> None:
         self._gate = gate
         self._done.set()
-        fut, result = self._future, self._result
+        fut, result = self._raw, self._result
 
         def finish() -> None:
             if result_ctx is not None:
@@ -99,8 +108,8 @@ class Work(dist.Work):
             return
         self._error = error
         self._done.set()
-        fut = self._future
-        _COMPLETER.run(lambda: fut.set_exception(error))
+        fut = self._raw
+        _COMPLETER.run(lambda: fut.set_result(error))  # _unwrap raises it
 
     def set_source_rank(self, rank: int) -> None:
         self._src_rank = rank
@@ -130,7 +139,14 @@ class Work(dist.Work):
         return self._error
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        """A future chained to the one the comm side completes, so that a failure is a real
+        error of this Future in C++ too: ``Future.set_exception`` only stores a Python value,
+        which DDP's reducer reads as a result (and crashes on: it finds no tensor in it).
+        Made on first use: most ops never ask for their future."""
+        with self._callbacks_lock:
+            if self._future is None:
+                self._future = self._raw.then(_unwrap)
+            return self._future
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
@@ -158,7 +174,7 @@ class GroupWork(Work):
             self.complete()
             return
         for w in members:
-            w._future.add_done_callback(self._member_done)
+            w._raw.add_done_callback(self._member_done)
 
     def _member_done(self, fut) -> None:
         with self._callbacks_lock:

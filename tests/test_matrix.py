@@ -1,0 +1,210 @@
+"""Op x dtype x world size x size, against exact references computed locally.
+
+Every rank builds every rank's input from a seed (rank, dtype, size), so each rank can compute
+the reference itself. Values are chosen so the reference is exact and order-independent:
+integer-valued floats for sums, powers-of-two-ish factors for products, wrapping integer
+arithmetic (modular, so any order gives the same bits). Half types use values exact in the half
+type whose float32 sum is exact, so "accumulate in float32, round once" has one right answer
+(and a reduction that rounded at every step would differ). One spawned run per world size
+(spawning costs seconds); sizes 0, 1 and 1001 elements take the small-message path, 300_000
+the ring.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.multiproc import run_ranks
+
+R = dist.ReduceOp
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.uint8, torch.bool]
+OPS = {"SUM": R.SUM, "AVG": R.AVG, "MIN": R.MIN, "MAX": R.MAX, "PRODUCT": R.PRODUCT,
+       "BAND": R.BAND, "BOR": R.BOR, "BXOR": R.BXOR}
+SIZES = [0, 1, 1001, 300_000]
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+HALVES = (torch.float16, torch.bfloat16)
+
+
+def supported(op: str, dtype: torch.dtype) -> bool:
+    """mccl's contract: floats take arithmetic ops, integers everything but AVG, bool all but
+    AVG (as logical ops)."""
+    if dtype in FLOATS:
+        return op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+    return op != "AVG"
+
+
+def make_input(rank: int, op: str, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """Deterministic input of ``rank`` (see the module doc for the value choice). Ops other
+    than PRODUCT share inputs (cached: callers must not write into the result)."""
+    return _make(rank, op == "PRODUCT", dtype, n)
+
+
+@functools.lru_cache(maxsize=96)  # one dtype's inputs: the loops go dtype by dtype
+def _make(rank: int, product: bool, dtype: torch.dtype, n: int) -> torch.Tensor:
+    g = torch.Generator()
+    g.manual_seed(hash((rank, n, DTYPES.index(dtype), product)) & 0x7FFF_FFFF)
+    op = "PRODUCT" if product else "SUM"
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype in FLOATS:
+        if op == "PRODUCT":
+            pool = torch.tensor([-2.0, -1.5, -1.0, -0.5, 0.5, 1.0, 1.5, 2.0])
+            return pool[torch.randint(0, len(pool), (n,), generator=g)].to(dtype)
+        # Halves: k/2^j with k using all significant bits (exact in the half type); partial
+        # sums need more bits, so rounding at every step differs from rounding once, while
+        # float32 holds every partial sum exactly.
+        if dtype == torch.float16:
+            return (torch.randint(-2047, 2048, (n,), generator=g).float() / 256).to(dtype)
+        if dtype == torch.bfloat16:
+            return (torch.randint(-255, 256, (n,), generator=g).float() / 32).to(dtype)
+        return torch.randint(-1000, 1001, (n,), generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    if op == "PRODUCT":
+        return torch.randint(-3 if info.min < 0 else 0, 4, (n,), generator=g).to(dtype)
+    lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
+    return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def reference(xs: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The reduction of ``xs`` as mccl defines it (halves: in float32, rounded once)."""
+    dtype = xs[0].dtype
+    if dtype == torch.bool:
+        fn = {"SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
+              "PRODUCT": torch.logical_and, "MIN": torch.logical_and,
+              "BAND": torch.logical_and, "BXOR": torch.logical_xor}[op]
+    else:
+        fn = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+              "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+              "BXOR": torch.bitwise_xor}[op]
+    acc_dtype = torch.float32 if dtype in HALVES else dtype
+    acc = xs[0].to(acc_dtype)
+    for x in xs[1:]:
+        acc = fn(acc, x.to(acc_dtype))
+    if op == "AVG":
+        acc = acc / len(xs)
+    return acc.to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _matrix(rank: int, world: int) -> list[str]:
+    """All checks of one world size; returns the failures (empty when all pass)."""
+    bad: list[str] = []
+
+    def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        if not _same(got, want):
+            diff = (got.double() - want.double()).abs() if got.numel() == want.numel() else None
+            n_bad = int((diff != 0).sum()) if diff is not None else -1
+            bad.append(f"rank {rank}: {what}: {n_bad} elements differ")
+
+    for dtype in DTYPES:
+        for op, rop in OPS.items():
+            if not supported(op, dtype):
+                continue
+            for n in SIZES:
+                xs = [make_input(r, op, dtype, n) for r in range(world)]
+                ref = reference(xs, op)
+                tag = f"{op} {dtype} n={n} world={world}"
+                # all_reduce
+                t = xs[rank].clone()
+                dist.all_reduce(t, op=rop)
+                check(f"all_reduce {tag}", t, ref)
+                # reduce: the root gets the result, the others keep their input
+                root = n % world
+                t = xs[rank].clone()
+                dist.reduce(t, dst=root, op=rop)
+                check(f"reduce(dst={root}) {tag}", t, ref if rank == root else xs[rank])
+                # reduce_scatter_tensor: chunk `rank` of the reduction of the concatenations
+                m = n // world if n >= 1000 else n
+                ys = [make_input(r, op, dtype, m * world) for r in range(world)]
+                yref = reference(ys, op)
+                out = torch.empty(m, dtype=dtype)
+                dist.reduce_scatter_tensor(out, ys[rank].clone(), op=rop)
+                check(f"reduce_scatter_tensor {tag} m={m}", out, yref[rank * m:(rank + 1) * m])
+                if n == 1001:  # the list form, uneven chunk lengths are not allowed: same m
+                    out = torch.empty(m, dtype=dtype)
+                    dist.reduce_scatter(out, list(ys[rank].clone().chunk(world)), op=rop)
+                    check(f"reduce_scatter {tag}", out, yref[rank * m:(rank + 1) * m])
+
+        # data movement: bit-exact, every dtype and size
+        for n in SIZES:
+            xs = [make_input(r, "SUM", dtype, n) for r in range(world)]
+            tag = f"{dtype} n={n} world={world}"
+            root = (n + 1) % world
+            t = xs[rank].clone()
+            dist.broadcast(t, src=root)
+            check(f"broadcast(src={root}) {tag}", t, xs[root])
+            out = torch.empty(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(out, xs[rank])
+            check(f"all_gather_into_tensor {tag}", out, torch.cat(xs))
+            outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, xs[rank])
+            for r in range(world):
+                check(f"all_gather[{r}] {tag}", outs[r], xs[r])
+            m = n // world if n >= 1000 else n
+            src = [x[:m * world].reshape(world, m) if n >= 1000 else x.repeat(world, 1)
+                   for x in xs]
+            out = torch.empty(world, m, dtype=dtype)
+            dist.all_to_all_single(out, src[rank].clone())
+            check(f"all_to_all_single {tag}", out,
+                  torch.stack([src[r][rank] for r in range(world)]))
+            dst = world - 1
+            glist = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
+            dist.gather(xs[rank], glist, dst=dst)
+            if rank == dst:
+                for r in range(world):
+                    check(f"gather[{r}] {tag}", glist[r], xs[r])
+            out = torch.empty(n, dtype=dtype)
+            dist.scatter(out, [x.clone() for x in xs] if rank == 0 else None, src=0)
+            check(f"scatter {tag}", out, xs[rank])
+
+    # Unsupported pairs raise before any byte moves, naming both; the group stays usable.
+    for dtype in DTYPES:
+        for op, rop in OPS.items():
+            if supported(op, dtype):
+                continue
+            t = torch.ones(4, dtype=dtype)
+            calls = {
+                "all_reduce": (dist.all_reduce, (t,), {"op": rop}),
+                "reduce": (dist.reduce, (t,), {"dst": 0, "op": rop}),
+                "reduce_scatter_tensor": (dist.reduce_scatter_tensor,
+                                          (torch.empty(1, dtype=dtype),
+                                           torch.ones(world, dtype=dtype)), {"op": rop}),
+            }
+            for name, (fn, args, kwargs) in calls.items():
+                try:
+                    fn(*args, **kwargs)
+                    bad.append(f"{name} {op} {dtype}: no error")
+                except (TypeError, ValueError) as e:
+                    msg = str(e)
+                    if op not in msg or str(dtype) not in msg:
+                        bad.append(f"{name} {op} {dtype}: message does not name both: {msg}")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    check("all_reduce after the rejected ops", t, torch.full((3,), float(world * (world + 1) // 2)))
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_matrix(world: int) -> None:
+    results = run_ranks(_matrix, world, timeout=150)
+    failures = [f for r in results for f in r]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+
+
+def test_reference_is_round_once() -> None:
+    """Sanity of the reference itself: for bfloat16 sums, rounding once differs from rounding
+    at every step on some elements, so the matrix really checks the float32 accumulation."""
+    for dtype in HALVES:
+        xs = [make_input(r, "SUM", dtype, 1001) for r in range(3)]
+        stepwise = xs[0].clone()
+        for x in xs[1:]:
+            stepwise = stepwise + x
+        assert not torch.equal(stepwise, reference(xs, "SUM")), dtype

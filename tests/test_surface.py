@@ -1,0 +1,359 @@
+"""Every c10d entry point, through the public torch.distributed API, on mccl.
+
+One spawned run of 3 ranks does all the checks (spawning costs seconds) and returns the list
+of failures, so one broken entry point does not hide the others. Values are checked exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
+
+from tests.multiproc import run_ranks
+
+
+class Checker:
+    """Collects failures instead of stopping at the first one."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.bad: list[str] = []
+
+    def eq(self, what: str, got, want) -> None:
+        if isinstance(want, torch.Tensor):
+            ok = isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got,
+                                                                                           want)
+        else:
+            ok = got == want
+        if not ok:
+            self.bad.append(f"rank {self.rank}: {what}: got {got!r}, want {want!r}")
+
+    def run(self, what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - record and go on to the next entry point
+            self.bad.append(f"rank {self.rank}: {what} raised {type(e).__name__}: {e}")
+
+    def raises(self, what: str, excs, fn: Callable[[], object], *needles: str) -> None:
+        try:
+            fn()
+        except excs as e:
+            for n in needles:
+                if n not in str(e):
+                    self.bad.append(f"rank {self.rank}: {what}: message lacks {n!r}: {e}")
+            return
+        except Exception as e:  # noqa: BLE001
+            self.bad.append(f"rank {self.rank}: {what}: wrong exception {type(e).__name__}: {e}")
+            return
+        self.bad.append(f"rank {self.rank}: {what}: no exception")
+
+
+def _collectives(c: Checker, rank: int, world: int) -> None:
+    full = float(sum(range(1, world + 1)))
+
+    def all_reduce() -> None:
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t)
+        c.eq("all_reduce", t, torch.full((5,), full))
+        t = torch.full((5,), float(rank + 1))
+        w = dist.all_reduce(t, async_op=True)
+        fut = w.get_future()
+        w.wait()
+        c.eq("all_reduce async", t, torch.full((5,), full))
+        c.eq("all_reduce future value", fut.wait()[0], torch.full((5,), full))
+        c.eq("all_reduce is_completed", w.is_completed(), True)
+        z = torch.tensor([1 + 2j, rank * 1j], dtype=torch.complex64)
+        dist.all_reduce(z)
+        c.eq("all_reduce complex64", z, torch.tensor([world + 2 * world * 1j,
+                                                      sum(range(world)) * 1j],
+                                                     dtype=torch.complex64))
+
+    def coalesced() -> None:
+        ts = [torch.full((3,), float(rank)), torch.full((2, 2), 1.0), torch.empty(0)]
+        dist.all_reduce_coalesced(ts)
+        c.eq("all_reduce_coalesced[0]", ts[0], torch.full((3,), float(sum(range(world)))))
+        c.eq("all_reduce_coalesced[1]", ts[1], torch.full((2, 2), float(world)))
+        for device in (None, torch.device("cpu")):
+            ts = [torch.full((3,), float(rank)), torch.full((4,), 2.0)]
+            with _coalescing_manager(device=device):
+                for t in ts:
+                    dist.all_reduce(t)
+            c.eq(f"coalescing_manager(device={device}) all_reduce", ts[1],
+                 torch.full((4,), 2.0 * world))
+        ts = [torch.full((3,), float(rank)), torch.full((4,), 2.0)]
+        with _coalescing_manager(async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        cm.wait()
+        c.eq("coalescing_manager async MAX", ts[0], torch.full((3,), float(world - 1)))
+        outs = [torch.empty(world * 2) for _ in range(2)]
+        with _coalescing_manager():
+            for i, o in enumerate(outs):
+                dist.all_gather_into_tensor(o, torch.full((2,), float(rank * 10 + i)))
+        c.eq("coalescing_manager all_gather_into_tensor", outs[1],
+             torch.tensor([float(r * 10 + 1) for r in range(world) for _ in range(2)]))
+        outs = [torch.empty(2) for _ in range(2)]
+        with _coalescing_manager():
+            for i, o in enumerate(outs):
+                dist.reduce_scatter_tensor(o, torch.arange(2.0 * world) + i)
+        c.eq("coalescing_manager reduce_scatter_tensor", outs[1],
+             (torch.arange(2.0 * rank, 2.0 * rank + 2) + 1) * world)
+        # all_gather_coalesced: output_lists[rank][i] gets that rank's input i
+        ins = [torch.full((2,), float(rank)), torch.full((1, 3), float(-rank))]
+        outs2 = [[torch.empty(2), torch.empty(1, 3)] for _ in range(world)]
+        dist.all_gather_coalesced(outs2, ins)
+        for r in range(world):
+            c.eq(f"all_gather_coalesced[{r}][1]", outs2[r][1], torch.full((1, 3), float(-r)))
+
+    def rooted() -> None:
+        for root in range(world):
+            t = torch.full((4,), float(rank))
+            dist.broadcast(t, src=root)
+            c.eq(f"broadcast src={root}", t, torch.full((4,), float(root)))
+            t = torch.full((4,), float(rank + 1))
+            dist.reduce(t, dst=root, op=dist.ReduceOp.PRODUCT)
+            if rank == root:
+                c.eq(f"reduce dst={root}", t, torch.full((4,), float(torch.arange(1, world + 1)
+                                                                     .prod())))
+            gl = [torch.empty(2, dtype=torch.int64) for _ in range(world)] if rank == root else None
+            dist.gather(torch.tensor([rank, root]), gl, dst=root)
+            if rank == root:
+                c.eq(f"gather dst={root}", torch.stack(gl),
+                     torch.tensor([[r, root] for r in range(world)]))
+            sl = [torch.tensor([r, root]) for r in range(world)] if rank == root else None
+            o = torch.empty(2, dtype=torch.int64)
+            dist.scatter(o, sl, src=root)
+            c.eq(f"scatter src={root}", o, torch.tensor([rank, root]))
+
+    def gathers() -> None:
+        o = [torch.empty(2, 2) for _ in range(world)]
+        dist.all_gather(o, torch.full((2, 2), float(rank)))
+        c.eq("all_gather", torch.stack(o),
+             torch.arange(float(world)).view(-1, 1, 1).expand(-1, 2, 2))
+        o = torch.empty(world * 2)
+        dist.all_gather_into_tensor(o, torch.full((2,), float(rank)))
+        c.eq("all_gather_into_tensor cat", o, torch.arange(float(world)).repeat_interleave(2))
+        o = torch.empty(world, 2)
+        dist.all_gather_into_tensor(o, torch.full((2,), float(rank)))
+        c.eq("all_gather_into_tensor stack", o,
+             torch.arange(float(world)).view(-1, 1).expand(-1, 2))
+        o = torch.empty(2)
+        dist.reduce_scatter(o, [torch.full((2,), float(r * 10 + rank)) for r in range(world)])
+        c.eq("reduce_scatter", o, torch.full((2,), float(rank * 10 * world + sum(range(world)))))
+        o = torch.empty(2, dtype=torch.int32)
+        dist.reduce_scatter_tensor(o, torch.arange(2 * world, dtype=torch.int32),
+                                   op=dist.ReduceOp.MIN)
+        c.eq("reduce_scatter_tensor MIN", o, torch.arange(2 * rank, 2 * rank + 2,
+                                                         dtype=torch.int32))
+
+    def alltoall() -> None:
+        o = [torch.empty(1) for _ in range(world)]
+        dist.all_to_all(o, [torch.tensor([float(rank * 10 + r)]) for r in range(world)])
+        c.eq("all_to_all", torch.cat(o), torch.tensor([float(r * 10 + rank) for r in range(world)]))
+        o = torch.empty(world, 3)
+        dist.all_to_all_single(o, torch.arange(world * 3.0).view(world, 3) + 100 * rank)
+        c.eq("all_to_all_single even", o, torch.stack(
+            [torch.arange(rank * 3.0, rank * 3.0 + 3) + 100 * r for r in range(world)]))
+        # uneven: rank r sends (r + j) % 3 rows of width 2 to rank j (some are 0)
+        ins = [(rank + j) % 3 for j in range(world)]
+        outs = [(j + rank) % 3 for j in range(world)]
+        inp = torch.cat([torch.full((n, 2), float(rank * 100 + j)) for j, n in enumerate(ins)])
+        o = torch.empty(sum(outs), 2)
+        dist.all_to_all_single(o, inp, outs, ins)
+        c.eq("all_to_all_single uneven", o,
+             torch.cat([torch.full((n, 2), float(j * 100 + rank)) for j, n in enumerate(outs)]))
+
+    for name, fn in (("all_reduce", all_reduce), ("coalesced", coalesced), ("rooted", rooted),
+                     ("gathers", gathers), ("all_to_all", alltoall)):
+        c.run(name, fn)
+
+
+def _p2p(c: Checker, rank: int, world: int) -> None:
+    def tags() -> None:
+        if rank == 0:
+            dist.send(torch.tensor([1.0]), 1, tag=7)
+            dist.send(torch.tensor([2.0]), 1, tag=3)
+        elif rank == 1:
+            a, b = torch.empty(1), torch.empty(1)
+            dist.recv(b, 0, tag=3)  # out of order: tag 7 waits in the stash
+            dist.recv(a, 0, tag=7)
+            c.eq("recv tags", (a.item(), b.item()), (1.0, 2.0))
+        w = dist.isend(torch.tensor([float(rank)]), (rank + 1) % world)
+        t = torch.empty(1)
+        dist.irecv(t, (rank - 1) % world).wait()
+        w.wait()
+        c.eq("isend/irecv ring", t.item(), float((rank - 1) % world))
+
+    def any_source() -> None:
+        dist.barrier()
+        if rank == 0:
+            got = set()
+            for _ in range(world - 1):
+                t = torch.empty(1)
+                src = dist.recv(t)
+                c.eq("recv() returns the sender", src, int(t.item()))
+                got.add(src)
+            c.eq("recv() from every rank", got, set(range(1, world)))
+        else:
+            dist.send(torch.tensor([float(rank)]), 0)
+        dist.barrier()
+        if rank == 0:
+            got = set()
+            for _ in range(world - 1):
+                t = torch.empty(1)
+                w = dist.irecv(t, tag=5)
+                w.wait()
+                c.eq("irecv().source_rank()", w.source_rank(), int(t.item()))
+                got.add(w.source_rank())
+            c.eq("irecv() from every rank", got, set(range(1, world)))
+        else:
+            dist.send(torch.tensor([float(rank)]), 0, tag=5)
+        dist.barrier()
+
+    def batch() -> None:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for n in (3, 1 << 20):  # small (inline) and 4 MB (queued, larger than socket buffers)
+            for order in ("send-first", "recv-first"):
+                s = torch.full((n,), float(rank))
+                r = torch.empty(n)
+                ops = [dist.P2POp(dist.isend, s, nxt, tag=n % 97),
+                       dist.P2POp(dist.irecv, r, prv, tag=n % 97)]
+                if order == "recv-first":
+                    ops.reverse()
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+                c.eq(f"batch_isend_irecv ring {order} n={n}", r, torch.full((n,), float(prv)))
+        # both directions at once
+        s1, s2 = torch.full((4,), float(rank)), torch.full((4,), -float(rank))
+        r1, r2 = torch.empty(4), torch.empty(4)
+        ops = [dist.P2POp(dist.irecv, r1, prv), dist.P2POp(dist.irecv, r2, nxt),
+               dist.P2POp(dist.isend, s1, nxt), dist.P2POp(dist.isend, s2, prv)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        c.eq("batch_isend_irecv both ways", (r1[0].item(), r2[0].item()),
+             (float(prv), -float(nxt)))
+
+    for name, fn in (("send/recv tags", tags), ("any source", any_source),
+                     ("batch_isend_irecv", batch)):
+        c.run(name, fn)
+
+
+def _objects(c: Checker, rank: int, world: int) -> None:
+    def objects() -> None:
+        lst = [{"a": 1, "t": torch.arange(3)}, "x", None] if rank == 1 else [None] * 3
+        dist.broadcast_object_list(lst, src=1)
+        c.eq("broadcast_object_list", (lst[0]["a"], lst[1], lst[0]["t"].tolist()), (1, "x",
+                                                                                  [0, 1, 2]))
+        out = [None] * world
+        dist.all_gather_object(out, ("r", rank, [rank] * rank))
+        c.eq("all_gather_object", out, [("r", r, [r] * r) for r in range(world)])
+        got = [None] * world if rank == 2 else None
+        dist.gather_object({"rank": rank}, got, dst=2)
+        if rank == 2:
+            c.eq("gather_object", got, [{"rank": r} for r in range(world)])
+        out = [None]
+        dist.scatter_object_list(out, [f"s{r}" * (r + 1) for r in range(world)] if rank == 0
+                                 else None, src=0)
+        c.eq("scatter_object_list", out[0], f"s{rank}" * (rank + 1))
+        if rank == 0:
+            dist.send_object_list([1, "two", {3: 4}], dst=2)
+        elif rank == 2:
+            got = [None] * 3
+            dist.recv_object_list(got, src=0)
+            c.eq("send/recv_object_list", got, [1, "two", {3: 4}])
+
+    c.run("object collectives", objects)
+
+
+def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
+    def barriers() -> None:
+        dist.barrier()
+        dist.barrier(device_ids=[0])
+        dist.barrier(async_op=True).wait()
+        pg = dist.group.WORLD
+        # torch's dist.monitored_barrier only accepts gloo by name; the group method is mccl's.
+        pg.monitored_barrier(timedelta(seconds=20))
+        pg.monitored_barrier(timedelta(seconds=20), wait_all_ranks=True)
+
+    def monitored_failures() -> None:
+        # Ranks 1 and 2 never enter: rank 0 names the first missing rank, or all of them.
+        g1, g2 = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+        if rank == 0:
+            c.raises("monitored_barrier names the first missing rank", RuntimeError,
+                     lambda: g1.monitored_barrier(timedelta(seconds=1)), "Rank 1")
+            c.raises("monitored_barrier wait_all_ranks names all", RuntimeError,
+                     lambda: g2.monitored_barrier(timedelta(seconds=1), wait_all_ranks=True),
+                     "Ranks 1, 2")
+        dist.barrier()  # the world group is untouched by the broken subgroups
+
+    def errors() -> None:
+        nc = torch.arange(12.0).view(3, 4).t()
+        c.raises("non-contiguous all_reduce", ValueError, lambda: dist.all_reduce(nc),
+                 "contiguous")
+        c.raises("non-contiguous broadcast", ValueError, lambda: dist.broadcast(nc, src=0),
+                 "contiguous")
+        c.raises("BAND on float", (TypeError, ValueError),
+                 lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "BAND",
+                 "float32")
+        c.raises("AVG on int", (TypeError, ValueError),
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
+                                         op=dist.ReduceOp.AVG), "AVG", "int32")
+        c.raises("all_gather wrong list length", ValueError,
+                 lambda: dist.all_gather([torch.empty(1)], torch.ones(1)), "ranks")
+        c.raises("all_gather_into_tensor wrong size", ValueError,
+                 lambda: dist.all_gather_into_tensor(torch.empty(1), torch.ones(1)), "elements")
+        c.raises("all_to_all_single bad splits", ValueError,
+                 lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
+                                                [1] * world, [2] * world), "split")
+        c.raises("reduce_scatter_tensor wrong size", ValueError,
+                 lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(3)), "elements")
+        c.raises("unsupported dtype", TypeError,
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.float8_e4m3fn)), "float8")
+        t = torch.full((2,), float(rank))
+        dist.all_reduce(t)  # every error above left the group usable
+        c.eq("all_reduce after errors", t, torch.full((2,), float(sum(range(world)))))
+
+    def ddp_failure() -> None:
+        # A collective that fails under DDP must surface as an error from backward(), not
+        # crash the process: DDP's C++ reducer reads the op's Future, so the failure has to
+        # be an error of that Future in C++ (a Python exception value made it segfault).
+        import mccl.collectives as coll
+
+        g = dist.new_group(list(range(world)))
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4),
+                                                          process_group=g)
+        model(torch.ones(2, 4)).sum().backward()
+        real = coll.all_reduce
+        if rank == 0:
+            def broken(*args, **kwargs):
+                raise RuntimeError("injected failure")
+
+            coll.all_reduce = broken
+        try:
+            c.raises("DDP backward after a failed all_reduce", RuntimeError,
+                     lambda: model(torch.ones(2, 4)).sum().backward(), "all_reduce")
+        finally:
+            coll.all_reduce = real
+        dist.barrier()  # the world group is untouched by the broken subgroup
+
+    for name, fn in (("barriers", barriers), ("monitored_barrier failures", monitored_failures),
+                     ("errors", errors), ("DDP with a failing collective", ddp_failure)):
+        c.run(name, fn)
+
+
+def _surface(rank: int, world: int) -> list[str]:
+    c = Checker(rank)
+    for part in (_collectives, _p2p, _objects, _barriers_and_errors):
+        part(c, rank, world)
+        dist.barrier()
+    return c.bad
+
+
+def test_c10d_surface() -> None:
+    results = run_ranks(_surface, 3, timeout=120)
+    failures = [f for r in results for f in r]
+    assert not failures, "\n".join(failures)
