@@ -92,24 +92,32 @@ class Work(dist.Work):
     def complete(self, gate=None, result_ctx=None) -> None:
         self._gate = gate
         self._done.set()
-        fut, result = self._raw, self._result
-
-        def finish() -> None:
-            if result_ctx is not None:
-                with result_ctx():
-                    fut.set_result(result)
-            else:
-                fut.set_result(result)
-
-        _COMPLETER.run(finish)
+        self._settle(self._result, result_ctx)
 
     def fail(self, error: BaseException) -> None:
         if self._done.is_set():
             return
         self._error = error
         self._done.set()
+        self._settle(error, None)  # _unwrap raises it in the chained future
+
+    def _settle(self, value, result_ctx) -> None:
+        """Complete the raw future: right here while nobody asked for the Future (nothing
+        can block then, and a thread hand-off per op is saved), else on the completer."""
         fut = self._raw
-        _COMPLETER.run(lambda: fut.set_result(error))  # _unwrap raises it
+
+        def finish() -> None:
+            if result_ctx is not None:
+                with result_ctx():
+                    fut.set_result(value)
+            else:
+                fut.set_result(value)
+
+        with self._callbacks_lock:
+            if self._future is None:
+                finish()
+                return
+        _COMPLETER.run(finish)
 
     def set_source_rank(self, rank: int) -> None:
         self._src_rank = rank
