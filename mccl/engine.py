@@ -129,12 +129,7 @@ class Engine:
             if not run_here:
                 self._q.put(job)
         if run_here:
-            try:
-                with self._exec_lock:
-                    self._execute(job)
-            finally:
-                with self._seq_lock:
-                    self._busy -= 1
+            self._run_counted(job)
         return job.work
 
     def _loop(self) -> None:
@@ -142,12 +137,17 @@ class Engine:
             job = self._q.get()
             if job is None:
                 return
-            try:
-                with self._exec_lock:
-                    self._execute(job)
-            finally:
-                with self._seq_lock:
-                    self._busy -= 1
+            self._run_counted(job)
+
+    def _run_counted(self, job: Job) -> None:
+        """Run one job (never two at once: the comm thread and an inline caller share the
+        sockets), then count it as finished."""
+        try:
+            with self._exec_lock:
+                self._execute(job)
+        finally:
+            with self._seq_lock:
+                self._busy -= 1
 
     def _execute(self, job: Job) -> None:
         if self.error is not None:

@@ -187,6 +187,25 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if t.numel() != n:
             raise ValueError(f"mccl {op}: {what} has {t.numel()} elements, expected {n}")
 
+    def _root_list(self, op: str, lists, root: int, what: str,
+                   like: torch.Tensor) -> list[torch.Tensor]:
+        """The root's one-tensor-per-rank list of gather/scatter, checked against ``like``;
+        every other rank must pass none."""
+        if self.rank() != root:
+            if lists and any(len(lst) for lst in lists):
+                raise ValueError(f"mccl {op}: only the root (rank {root}) takes a {what}")
+            return []
+        if len(lists) != 1:
+            raise ValueError(f"mccl {op}: the root needs one {what}")
+        items = list(lists[0])
+        if len(items) != self.size():
+            raise ValueError(f"mccl {op}: {what} has {len(items)} tensors, "
+                             f"the group has {self.size()} ranks")
+        for i, t in enumerate(items):
+            self._numel_is(op, f"{what}[{i}]", t, like.numel())
+        self._same_dtype(op, items + [like])
+        return items
+
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
@@ -347,19 +366,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
         inp = self._one(op_name, input_tensors)
         is_root = self.rank() == root
-        outs: list[torch.Tensor] = []
-        if is_root:
-            if len(output_tensors) != 1:
-                raise ValueError(f"mccl {op_name}: the root needs one gather list")
-            outs = list(output_tensors[0])
-            if len(outs) != self.size():
-                raise ValueError(f"mccl {op_name}: gather list has {len(outs)} tensors, "
-                                 f"the group has {self.size()} ranks")
-            for i, o in enumerate(outs):
-                self._numel_is(op_name, f"gather_list[{i}]", o, inp.numel())
-            self._same_dtype(op_name, outs + [inp])
-        elif output_tensors and any(len(lst) for lst in output_tensors):
-            raise ValueError(f"mccl {op_name}: only the root (rank {root}) takes a gather list")
+        outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
         sig = signature(Kind.GATHER, inp.dtype, root=root, count=inp.numel())
         n = len(outs)
         return self._submit(op_name, sig,
@@ -372,19 +379,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
         out = self._one(op_name, output_tensors)
         is_root = self.rank() == root
-        ins: list[torch.Tensor] = []
-        if is_root:
-            if len(input_tensors) != 1:
-                raise ValueError(f"mccl {op_name}: the root needs one scatter list")
-            ins = list(input_tensors[0])
-            if len(ins) != self.size():
-                raise ValueError(f"mccl {op_name}: scatter list has {len(ins)} tensors, "
-                                 f"the group has {self.size()} ranks")
-            for i, t in enumerate(ins):
-                self._numel_is(op_name, f"scatter_list[{i}]", t, out.numel())
-            self._same_dtype(op_name, ins + [out])
-        elif input_tensors and any(len(lst) for lst in input_tensors):
-            raise ValueError(f"mccl {op_name}: only the root (rank {root}) takes a scatter list")
+        ins = self._root_list(op_name, input_tensors, root, "scatter list", out)
         sig = signature(Kind.SCATTER, out.dtype, root=root, count=out.numel())
         n = len(ins)
         return self._submit(op_name, sig,

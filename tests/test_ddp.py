@@ -10,6 +10,10 @@ from tests.multiproc import run_ranks
 STEPS = 6
 CONFIGS = ["default", "bucket_view", "static_graph", "find_unused", "allreduce_hook",
            "fp16_hook", "powersgd_hook"]
+if torch.cuda.is_available() and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 13):
+    # torch 2.11's PowerSGD hook calls torch.cuda.synchronize on CPU tensors' device when a
+    # GPU is present and fails for gloo too (seen on the H200); nothing to compare there.
+    CONFIGS.remove("powersgd_hook")
 # bf16_compress_hook is refused by torch itself unless CUDA+NCCL or XPU+XCCL are present.
 
 
