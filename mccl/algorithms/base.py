@@ -11,8 +11,6 @@ import numpy as np
 Reducer = Callable[..., None]
 Finisher = Callable[[np.ndarray], None] | None
 
-#: Target bytes per pipelined chunk; the ring splits each segment into about this much.
-CHUNK_BYTES = 1 << 20
 #: Bounds on the chunk size chosen for a segment. The ring's fill and drain cost about one
 #: chunk time each, so the cap is kept small (1 MiB is 0.8 ms at 10 Gbit/s) while per-chunk
 #: Python work (~30 us) stays a few percent of it.
