@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -84,7 +84,6 @@ class Job:
     handoff: Handoff
     collective: bool = True  # collectives consume a sequence number; p2p receives do not
     seq: int = 0
-    describe: str = field(default="")
 
 
 class Engine:

@@ -528,14 +528,18 @@ class Mesh:
 
     def _aside(self, p: Peer, hdr: Header) -> None:
         """A frame that is not the awaited one: stash data, fail on a BYE."""
+        if hdr.kind == BYE:
+            raise PeerError(p.rank, f"rank {p.rank} shut the group down while rank {self.rank} "
+                                    "still waits for it")
+        self._stash(p, hdr)
+
+    def _stash(self, p: Peer, hdr: Header) -> None:
+        """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
         if hdr.kind == P2P:
             p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
         elif hdr.kind == DATA:
             self._check_early(p, hdr)
             p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
-        elif hdr.kind == BYE:
-            raise PeerError(p.rank, f"rank {p.rank} shut the group down while rank {self.rank} "
-                                    "still waits for it")
 
     def _check_early(self, p: Peer, hdr: Header) -> None:
         """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
@@ -743,16 +747,9 @@ class Mesh:
                         if peeked.kind == DATA:
                             self._check_early(q, peeked)
                         break
-                    self._aside_polled(q, self._header(q))
+                    self._stash(q, self._header(q))
         finally:
             self._polling = False
-
-    def _aside_polled(self, q: Peer, hdr: Header) -> None:
-        if hdr.kind == P2P:
-            q.p2p_stash.append((hdr, q.read_payload(hdr, self.max_unexpected)))
-        elif hdr.kind == DATA:
-            self._check_early(q, hdr)
-            q.coll_stash.append((hdr, q.read_payload(hdr, self.max_unexpected)))
 
     # ---- failure and shutdown ----
     def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
