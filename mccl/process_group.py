@@ -224,12 +224,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective)
-        # A blocking small collective on host memory runs on the caller's thread when the
-        # group is idle (async ops never do: they must not block the caller).
+        # A blocking collective on host memory runs on the caller's thread when the group is
+        # idle: the caller would only wait for the comm thread, and the two hand-offs cost
+        # 50-100 us per op on a loaded host (async ops never do: they must not block the
+        # caller).
         inline = (collective and self._coalesced is None and opts is not None
                   and getattr(opts, "asyncOp", True) is False
-                  and (device is None or device.type == "cpu")
-                  and sum(t.numel() * t.element_size() for t in tensors) <= coll.SMALL_BYTES)
+                  and (device is None or device.type == "cpu"))
         self._engine.submit(job, inline=inline)
         if self._coalesced is not None:
             self._coalesced.append(work)

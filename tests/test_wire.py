@@ -362,6 +362,34 @@ def test_close_unblocks_blocked_receive_and_later_sends() -> None:
     mesh.dispose()
 
 
+def test_small_sends_never_block_on_a_peer_that_does_not_read() -> None:
+    """Inline writes of small frames must not block the comm thread: a ring whose ranks all
+    write a segment of small chunks before reading deadlocks otherwise. The frames that do
+    not fit the socket buffers are queued, in order, and arrive intact."""
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    n_frames, size = 64, 64 << 10  # 4 MiB, far beyond what the kernel buffers hold unread
+    frames = [np.full(size, i, dtype=np.uint8) for i in range(n_frames)]
+    t, out = in_thread(lambda: [mesh.send(1, DATA, SIG, 7, f) for f in frames])
+    t.join(20)
+    assert not t.is_alive(), "a small send blocked on a peer that is not reading"
+    assert out.get("value") == [True] * n_frames  # each copied or written: reusable at once
+    for f in frames:
+        f[:] = 255  # the caller may reuse its buffers now
+    reader = far[1]
+    reader.settimeout(20)
+    for i in range(n_frames):
+        hdr = bytearray(HEADER_SIZE)
+        reader.recv_into(hdr, HEADER_SIZE, socket.MSG_WAITALL)
+        assert unpack_header(bytes(hdr)).length == size
+        body = bytearray(size)
+        got = 0
+        while got < size:
+            got += reader.recv_into(memoryview(body)[got:], size - got)
+        assert body == bytes([i]) * size, f"frame {i} corrupted or out of order"
+    mesh.flush([1])
+    mesh.dispose()
+
+
 def test_dead_bystander_is_noticed_while_blocked() -> None:
     """Rank 0 waits for rank 1; rank 2 dies (EOF without BYE): rank 0 fails naming rank 2."""
     mesh, far = make_mesh(3, timeout_s=60.0)

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=2.0,
                    help="seconds of timed iterations per size; fewer iters if slow (0 = off)")
     p.add_argument("--check", action="store_true", help="verify each op's result once per size")
+    p.add_argument("--per-op-barrier", action="store_true",
+                   help="time every op alone after a barrier (default: back-to-back runs of "
+                        "short ops, as nccl-tests does, so barrier exit skew is not counted)")
     p.add_argument("--cluster", action="store_true",
                    help="run ranks in emulated hosts (Linux netns, root)")
     p.add_argument("--hosts", type=int, default=0, help="cluster hosts (default: max world size)")
@@ -108,9 +111,10 @@ class _Progress:
             pct = (f" ({100 * ev['busbw_gbs'] * 1e9 / self.ceiling:5.1f}% of ceiling)"
                    if self.ceiling else "")
             bad = "  CHECK FAILED" if ev.get("check") is False else ""
+            reps = f"*{ev['reps']}" if ev.get("reps", 1) > 1 else ""
             print(f"{tag} {ev['op']:<14} {format_size(ev['size']):>6}  "
                   f"{ev['time_us']:>11.1f} us  busbw {ev['busbw_gbs']:8.3f} GB/s{pct}"
-                  f"  x{ev['iters']}{bad}", file=sys.stderr, flush=True)
+                  f"  x{ev['iters']}{reps}{bad}", file=sys.stderr, flush=True)
         elif kind == "error":
             size = format_size(ev["size"]) if ev.get("size") else "-"
             print(f"{tag} {ev['op']:<14} {size:>6}  ERROR: {ev['error']}", file=sys.stderr,
@@ -161,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "running gloo only", file=sys.stderr)
     cfg = BenchConfig(ops=ops, sizes=sizes, dtype=args.dtype, iters=args.iters,
                       warmup=args.warmup, time_budget=args.time_budget, check=args.check,
-                      device=args.device, stall_timeout=args.timeout)
+                      per_op_barrier=args.per_op_barrier, device=args.device,
+                      stall_timeout=args.timeout)
     doc = new_document(argv, {**asdict(cfg), "backends": backends, "world_sizes": worlds})
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

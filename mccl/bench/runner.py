@@ -54,6 +54,7 @@ class BenchConfig:
     warmup: int = 3
     time_budget: float = 2.0  # seconds of timed iterations per (op, size); 0 = always iters
     check: bool = False
+    per_op_barrier: bool = False  # one op per timed sample (else back-to-back runs, see worker)
     device: str = "cpu"
     op_timeout: float = 120.0  # torch.distributed timeout inside ranks
     stall_timeout: float = STALL_BASE_S

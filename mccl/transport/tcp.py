@@ -67,8 +67,14 @@ POLL_STASH_MAX = 1 << 20
 STASH_STEP = 16 << 20
 #: Frames read from one peer per poll before moving on.
 POLL_FRAMES = 64
+#: Linux "autocorking" holds a frame's short last segment back while earlier segments of the
+#: socket still sit in a queue (a shaped qdisc, a busy NIC) when nothing follows it: a 64 KiB
+#: all-reduce at 4 ranks on 1 Gbit links took 2.8 ms instead of 1.1 ms. Setting TCP_NODELAY
+#: again pushes it out, so a sender that goes idle does that (macOS does not cork).
+PUSH_WHEN_IDLE = sys.platform.startswith("linux")
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
-_PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_PEEK = socket.MSG_PEEK | _DONTWAIT
 _TIMEOUTS = (BlockingIOError, TimeoutError)
 
 
@@ -210,7 +216,11 @@ class Peer:
             self._q.put((header, payload, on_done))
 
     def send_inline(self, header: bytes, payload) -> bool:
-        """Write a small frame now if nothing is queued ahead of it; False if busy."""
+        """Write a small frame now if nothing is queued ahead of it; False if busy.
+
+        Never blocks: whatever the socket buffer does not take at once is copied and queued
+        for the sender thread. (Blocking here deadlocked rings of small chunks: every rank
+        stuck writing to its full neighbour, none reading.)"""
         if not self._write_lock.acquire(blocking=False):
             return False
         try:
@@ -219,11 +229,20 @@ class Peer:
                     return False
             if self.send_error is not None:
                 raise self._send_failure()
+            frame = [header, _as_bytes(payload)] if payload is not None else [header]
+            total = sum(len(part) for part in frame)
             try:
-                self._write(header, payload)
+                try:
+                    sent = self.sock.sendmsg(frame, [], _DONTWAIT)
+                except _TIMEOUTS:
+                    sent = 0
+                if sent == total and PUSH_WHEN_IDLE:
+                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as e:
                 self.send_error = e
                 raise self._send_failure() from e
+            if sent < total:
+                self.enqueue(b"", b"".join(bytes(part) for part in frame)[sent:])
             return True
         finally:
             self._write_lock.release()
@@ -241,19 +260,21 @@ class Peer:
             ev.set()
         return ev
 
-    def _write(self, header: bytes, payload) -> None:
+    def _write(self, header: bytes, payload, last: bool = True) -> None:
+        """Write one frame; ``last``: nothing else is about to follow it (push it out)."""
         sock = self.sock
         if payload is None or len(payload) == 0:
             sock.sendall(header)
-            return
-        mv = _as_bytes(payload)
-        sent = sock.sendmsg([header, mv])
-        total = len(header) + len(mv)
-        if sent < total:
-            if sent < len(header):
-                sock.sendall(header[sent:])
-                sent = len(header)
-            sock.sendall(mv[sent - len(header):])
+        else:
+            mv = _as_bytes(payload)
+            sent = sock.sendmsg([header, mv])
+            if sent < len(header) + len(mv):
+                if sent < len(header):
+                    sock.sendall(header[sent:])
+                    sent = len(header)
+                sock.sendall(mv[sent - len(header):])
+        if last and PUSH_WHEN_IDLE:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send_loop(self) -> None:
         while True:
@@ -265,7 +286,7 @@ class Peer:
             elif self.send_error is None:
                 with self._write_lock:
                     try:
-                        self._write(header, payload)
+                        self._write(header, payload, last=self._q.empty())
                     except OSError as e:
                         self.send_error = e
             with self._count_lock:
