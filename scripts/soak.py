@@ -60,6 +60,17 @@ def open_fds() -> int:
     return len(os.listdir("/dev/fd"))  # Linux and macOS
 
 
+def fd_targets() -> set[str]:
+    """What the open fds point at (Linux; empty where /dev/fd entries are not links)."""
+    out = set()
+    for fd in os.listdir("/dev/fd"):
+        try:
+            out.add(os.readlink(f"/dev/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
 def subgroups(world: int) -> list[list[int]]:
     """Rank lists every rank creates in the same order (the world group comes first)."""
     every = list(range(world))
@@ -278,11 +289,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, q) -> Non
         warm, half = max(1, args.ops // 10), args.ops // 2
         start: dict = {}
         mid: dict = {}
+        # torch's barrier() looks up the machine's accelerator, which initialises CUDA where
+        # there is one (about a dozen fds): do that once before fds are first counted.
+        dist.barrier()
+        start_targets = fd_targets()
+        start.update(rss=rss_bytes(), fds=open_fds())  # replaced after the warm-up ops
         t0 = time.monotonic()
         for i in range(args.ops):
             if i in (warm, half):
                 gc.collect()
                 (start if i == warm else mid).update(rss=rss_bytes(), fds=open_fds())
+                if i == warm:
+                    start_targets = fd_targets()
             d = plan.next(i)
             if rank not in d["ranks"]:
                 continue
@@ -300,7 +318,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, q) -> Non
         dist.barrier()
         elapsed = time.monotonic() - t0
         gc.collect()
-        end = {"rss": rss_bytes(), "fds": open_fds()}
+        end = {"rss": rss_bytes(), "fds": open_fds(),
+               "new_fds": sorted(fd_targets() - start_targets)[:8]}
         peak = max_rss_bytes()
         dist.destroy_process_group()
         q.put((rank, {"counts": counts, "failures": failures, "sent": sent, "elapsed": elapsed,
@@ -376,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['rss'] / mib:.1f} (50%) -> {e['rss'] / mib:.1f} MiB (end), peak "
               f"{r['max_rss'] / mib:.1f}, second half {late / mib:+.1f} MiB"
               f"{'' if rss_flat else ' STILL GROWING'}; fds {s['fds']} -> {e['fds']}"
-              f"{'' if fds_flat else ' GREW'}")
+              f"{'' if fds_flat else ' GREW: ' + ', '.join(e.get('new_fds', []))}")
         for f in r["failures"]:
             print(f"    WRONG RESULT: {f}")
     if 0 in results and "counts" in results[0]:
