@@ -28,7 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._launch import launch  # noqa: E402
+from mccl.bench.spawn import run_ranks  # noqa: E402
+
+PG_TIMEOUT_S = 300.0  # torch.distributed timeout inside the ranks
 
 
 def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["bucket_mb"] = args.bucket_mb
         cfg["save"] = saved[backend] = os.path.join(tmp, f"{backend}.pt")
         t0 = time.monotonic()
-        res = launch(_rank, args.world, backend, cfg, timeout=args.timeout)[0]
+        res = run_ranks(_rank, args.world, cfg, backend=backend, timeout=args.timeout,
+                        pg_timeout_s=PG_TIMEOUT_S)[0]
         med = statistics.median(res["times"])
         rows.append({"backend": backend, "step_s": med, "steps_per_s": 1 / med,
                      "samples_per_s": args.world * args.batch / med,

@@ -39,9 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._launch import launch  # noqa: E402
+from mccl.bench.spawn import run_ranks  # noqa: E402
 
 VIT_PARAMS = 113_500_000
+PG_TIMEOUT_S = 300.0  # torch.distributed timeout inside the ranks
 BUCKET_CAP_MB = 25.0
 FIRST_BUCKET_MB = 1.0
 VARIANTS = {  # name -> (backend, extra env)
@@ -163,7 +164,8 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = {"device": args.device, "scale": args.scale, "steps": args.steps,
            "warmup": args.warmup, "compute_ms": args.compute_ms, "matmul": args.matmul,
            "switch_interval": args.switch_interval}
-    res = launch(_rank, args.world, backend, cfg, env=env, timeout=args.timeout)[0]
+    res = run_ranks(_rank, args.world, cfg, backend=backend, env=env, timeout=args.timeout,
+                    pg_timeout_s=PG_TIMEOUT_S)[0]
     med = {k: statistics.median(v) for k, v in res["times"].items()}
     hidden = (med["compute"] + med["comm"] - med["step"]) / med["comm"]
     return {"variant": name, "backend": backend, "env": env, "path": res["path"],

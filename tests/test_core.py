@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.multiproc import free_port, run_ranks
+from mccl.bench.spawn import free_port, run_ranks
 
 SIZES = [0, 1, 2, 7, 1001, 65_536, 300_007, 1_300_003]  # small, direct and ring paths
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 
 STEPS = 6
 CONFIGS = ["default", "bucket_view", "static_graph", "find_unused", "allreduce_hook",

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import mccl.device.mps as mps_mod
+from mccl.bench.spawn import run_ranks
 from mccl.device import adapter_for
 from mccl.device.mps import MpsAdapter, UnifiedHandoff, host_view
 from mccl.device.staging import StagingHandoff
 from tests.device_fakes import FakeMpsEvent, fake_alias, install_fake_mps
-from tests.multiproc import run_ranks
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
+from mccl.bench.spawn import run_ranks
 from mccl.device import staging
 from mccl.device.cpu import CpuAdapter
 from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff, piece_count
 from tests.device_fakes import FakeAsyncOps, FakeEvent, install_fake_staging, slow_fill
-from tests.multiproc import run_ranks
 
 
 def _on_thread(fn, name: str = "comm"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tests.multiproc import free_port
+from mccl.bench.spawn import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import model_parallel  # noqa: E402
 
-from tests.multiproc import run_ranks  # noqa: E402
+from mccl.bench.spawn import run_ranks  # noqa: E402
 
 
 def test_model_parallel_example() -> None:

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 
 #: Group timeout of the groups in which a peer stalls.
 STALL_TIMEOUT_S = 5.0

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 
 VOCAB, DIM, LAYERS, STEPS = 64, 16, 2, 4
 

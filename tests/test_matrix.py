@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,

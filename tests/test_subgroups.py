@@ -10,7 +10,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 from tests.test_surface import Checker
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from tests.multiproc import run_ranks
+from mccl.bench.spawn import run_ranks
 
 
 class Checker:

@@ -236,8 +236,8 @@ class Peer:
                     sent = self.sock.sendmsg(frame, [], _DONTWAIT)
                 except _TIMEOUTS:
                     sent = 0
-                if sent == total and PUSH_WHEN_IDLE:
-                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if sent == total:
+                    self._push()
             except OSError as e:
                 self.send_error = e
                 raise self._send_failure() from e
@@ -273,8 +273,13 @@ class Peer:
                     sock.sendall(header[sent:])
                     sent = len(header)
                 sock.sendall(mv[sent - len(header):])
-        if last and PUSH_WHEN_IDLE:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if last:
+            self._push()
+
+    def _push(self) -> None:
+        """Send a corked frame tail now (see PUSH_WHEN_IDLE)."""
+        if PUSH_WHEN_IDLE:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send_loop(self) -> None:
         while True:

@@ -1,14 +1,17 @@
-"""Run a function on N real processes joined in a process group, with a hard timeout.
+"""Run a function on N local processes joined in a process group, with a hard timeout.
 
-Every multi-rank test goes through ``run_ranks`` so a hang fails fast (the processes are
-killed and the test fails naming the ranks that did not finish) instead of eating CI time.
+Every multi-rank test and the single-machine benchmarks (benchmarks/overlap.py, ddp_cuda.py)
+go through ``run_ranks``, so a hang fails fast (the processes are killed and the error names
+the ranks that did not finish) instead of eating CI time or a device call.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -17,10 +20,15 @@ from typing import Any
 DEFAULT_TIMEOUT_S = 90.0
 
 
+class RanksFailed(AssertionError):
+    """Ranks raised or did not finish in time. An AssertionError, so that in a test it reads
+    as the test's failure."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_timeout_s: float,
@@ -50,11 +58,11 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
               allow_fail: bool = False, expect_missing: tuple[int, ...] = ()) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; return results by rank.
 
-    Raises AssertionError with the failing ranks' tracebacks, or if any rank does not finish
-    within ``timeout`` seconds (all processes are killed first). With ``allow_fail`` a rank's
-    traceback text is returned in its slot instead of raising. Ranks in ``expect_missing``
-    (a test kills or stops them) are not waited for once the others reported; their slot is
-    None and they are killed at the end.
+    Raises RanksFailed naming the backend, with the failing ranks' tracebacks, or if any
+    rank does not finish within ``timeout`` seconds (all processes are killed first). With
+    ``allow_fail`` a rank's traceback text is returned in its slot instead of raising. Ranks
+    in ``expect_missing`` (a test kills or stops them) are not waited for once the others
+    reported; their slot is None and they are killed at the end.
     """
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -65,9 +73,6 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}
-    import queue as _queue
-    import time
-
     deadline = time.monotonic() + timeout
     wanted = set(range(world)) - set(expect_missing)
     try:
@@ -77,7 +82,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
                 break
             try:
                 rank, ok, value = q.get(timeout=min(left, 1.0))
-            except _queue.Empty:
+            except queue.Empty:
                 if all(not p.is_alive() for p in procs) and q.empty():
                     break
                 continue
@@ -94,8 +99,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
     missing = sorted(wanted - set(results))
     if missing:
         detail = "\n".join(f"rank {r}: {v}" for r, (ok, v) in results.items() if not ok)
-        raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s\n{detail}")
+        raise RanksFailed(f"{backend}: ranks {missing} did not finish within {timeout:.0f}s\n"
+                          f"{detail}")
     failed = {r: v for r, (ok, v) in results.items() if not ok}
     if failed and not allow_fail:
-        raise AssertionError("\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failed.items())))
+        raise RanksFailed(f"{backend} failed:\n" + "\n".join(
+            f"--- rank {r} ---\n{v}" for r, v in sorted(failed.items())))
     return [results[r][1] if r in results else None for r in range(world)]
