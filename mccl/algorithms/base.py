@@ -16,6 +16,9 @@ Finisher = Callable[[np.ndarray], None] | None
 #: Python work (~30 us) stays a few percent of it.
 MIN_CHUNK_BYTES = 64 << 10
 MAX_CHUNK_BYTES = 1 << 20
+#: Chunks a segment is cut into between those bounds: at least two, so one is on the wire
+#: while the previous one is reduced.
+CHUNKS_PER_SEGMENT = 4
 
 
 class Channel(Protocol):
@@ -58,7 +61,8 @@ def chunk_count(max_bytes: int, chunk_bytes: int | None = None) -> int:
     """Chunks per segment so each is near the target size (every rank computes the same)."""
     if max_bytes <= 0:
         return 1
-    target = chunk_bytes or max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, max_bytes // 4))
+    target = chunk_bytes or max(MIN_CHUNK_BYTES,
+                                 min(MAX_CHUNK_BYTES, max_bytes // CHUNKS_PER_SEGMENT))
     return max(1, -(-max_bytes // target))
 
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Design A/B on the 10 Gbit emulated cluster: the same all-reduce bench once per variant of
+# mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
+# once per world size, then per-chunk timelines of the default. One call of the device tool:
+#
+#   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
+set -u
+cd "$(dirname "$0")/../.."
+REPO="$PWD"
+RES="${RES:-/tmp/mccl-ab}"
+OUTDIR="${OUT:-/tmp}"
+DEADLINE_S="${DEADLINE_S:-500}"
+SIZES="${SIZES:-1M,4M,16M,64M,256M}"
+WORLDS="${WORLDS:-4 8}"
+PY="${PYTHON:-python3}"
+T0=$(date +%s)
+mkdir -p "$RES"
+if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
+    # shellcheck source=/dev/null
+    . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >"$RES/iproute2.log" 2>&1
+fi
+python3 -c 'import sitecustomize, sys; print("existing sitecustomize:", sitecustomize.__file__)' \
+    >"$RES/sitecustomize_check.txt" 2>&1
+left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
+bench() {  # NAME WORLD BACKEND AB
+    local name=$1 n=$2 backend=$3 ab=$4 lim
+    lim=$(left); [ "$lim" -gt 120 ] && lim=120
+    [ "$lim" -lt 20 ] && { echo "SKIP $name" >>"$RES/summary.txt"; return; }
+    echo "[+$(( $(date +%s) - T0 ))s] $name n=$n $backend MCCL_AB=$ab" >>"$RES/summary.txt"
+    MCCL_AB="$ab" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
+        timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
+        --world-sizes "$n" --rate 10gbit --backends "$backend" --ops all_reduce \
+        --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
+        --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
+    grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
+}
+for n in $WORLDS; do
+    bench gloo "$n" gloo ""
+    for v in "$@"; do bench "${v%%:*}" "$n" mccl "${v#*:}"; done
+done
+for s in 1M 64M; do
+    lim=$(left); [ "$lim" -gt 90 ] && lim=90
+    [ "$lim" -lt 20 ] && break
+    timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 --rate 10gbit \
+        --size "$s" --reps 12 --out "$RES/timeline-$s" >"$RES/timeline-$s.log" 2>&1
+    echo "timeline $s:" >>"$RES/summary.txt"; cat "$RES/timeline-$s/summary.json" >>"$RES/summary.txt" 2>/dev/null
+done
+tar -czf "$OUTDIR/ab_results.tar.gz" -C "$RES" . && cp "$RES/summary.txt" "$OUTDIR/summary.txt"

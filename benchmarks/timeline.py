@@ -1,0 +1,232 @@
+"""Per-chunk timeline of mccl ring collectives on emulated hosts: where does the link go idle?
+
+    python benchmarks/timeline.py --hosts 4 --rate 10gbit --op all_reduce --size 64M --out DIR
+
+Every rank records, with one system-wide clock, when each op starts and ends, when each chunk
+is queued for sending and how many bytes were already waiting in the socket when its receive
+began (FIONREAD), and TCP_INFO of its two ring sockets after every op. The summary splits each
+op's time into the ideal transfer time (bytes over the measured single-stream ceiling) and
+what is left, then attributes the rest: time before the first send, time after the last
+receive, and gaps in the middle where a receive waited longer than its bytes need on the wire.
+Linux only (FIONREAD and TCP_INFO fields as Linux lays them out); a diagnostic, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import random
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: struct tcp_info (linux/tcp.h) up to tcpi_total_retrans: 8 u8 then 24 u32.
+TCP_INFO_FMT = "8B24I"
+TCP_INFO_FIELDS = {"rtt_us": 8 + 15, "snd_cwnd": 8 + 18, "rcv_space": 8 + 22,
+                   "total_retrans": 8 + 23}
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, struct.calcsize(TCP_INFO_FMT))
+    vals = struct.unpack(TCP_INFO_FMT, raw)
+    return {k: vals[i] for k, i in TCP_INFO_FIELDS.items()}
+
+
+def waiting_bytes(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def rank_main(op: str, size: int, reps: int, out: Path) -> None:
+    """One rank: warm up, then trace ``reps`` back-to-back ops of ``size`` bytes (all_gather:
+    the gathered output, reduce_scatter: the full input, as the bench counts them)."""
+    import torch
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401 - registers the backend
+    from mccl import engine
+
+    now = time.monotonic
+    events: list[tuple] = []
+    send0, recv0 = engine.OpChannel.send, engine.OpChannel.recv
+
+    def send(self, peer, buf):
+        events.append((now(), "send", peer, buf.nbytes))
+        return send0(self, peer, buf)
+
+    def recv(self, peer, buf):
+        events.append((now(), "recv", peer, waiting_bytes(self.mesh.peer(peer).sock)))
+        recv0(self, peer, buf)
+        events.append((now(), "got", peer, buf.nbytes))
+
+    dist.init_process_group("mccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    full = torch.ones(size // 4 // world * world)
+    part = torch.ones(full.numel() // world)
+    run = {"all_reduce": lambda: dist.all_reduce(full),
+           "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
+    for _ in range(3):
+        run()
+    engine.OpChannel.send, engine.OpChannel.recv = send, recv
+    mesh = dist.group.WORLD._engine.mesh
+    socks = {r: mesh.peer(r).sock for r in {(rank + 1) % world, (rank - 1) % world} - {rank}}
+    infos = []
+    dist.barrier()
+    events.clear()
+    for i in range(reps):
+        events.append((now(), "start", i, 0))
+        run()
+        events.append((now(), "end", i, 0))
+        infos.append({str(r): tcp_info(s) for r, s in socks.items()})
+    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world": world,
+                                                      "events": events, "tcp": infos}))
+    dist.destroy_process_group()
+
+
+def summarize(out: Path, ceiling_bps: float) -> dict:
+    """Per op and rank: time, ideal, overhead before the first send and after the last receive,
+    and the wait in the middle beyond what the bytes need on the wire."""
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    world = ranks[0]["world"]
+    rows = []
+    for d in ranks:
+        op = None
+        for t, kind, a, b in d["events"]:
+            if kind == "start":
+                op = {"rank": d["rank"], "op": a, "t0": t, "first_send": None, "gots": []}
+            elif op is None:
+                continue
+            elif kind == "send" and op["first_send"] is None:
+                op["first_send"] = t - op["t0"]
+            elif kind == "got":
+                op["gots"].append((t, b))
+            elif kind == "end":
+                gots = op["gots"]
+                op["time"] = t - op["t0"]
+                op["tail"] = t - gots[-1][0] if gots else 0.0
+                nbytes = sum(b for _, b in gots)
+                op["ideal"] = nbytes / ceiling_bps
+                # Bytes after the first chunk over the time they took: the middle of the op.
+                span = gots[-1][0] - gots[0][0] if len(gots) > 1 else 0.0
+                op["mid_rate_pct"] = (100.0 * (nbytes - gots[0][1]) / span / ceiling_bps
+                                      if span > 0 else None)
+                op["first_got"] = gots[0][0] - op["t0"] if gots else None
+                rows.append(op)
+                op = None
+    by_op: dict[int, list[dict]] = {}
+    for r in rows:
+        by_op.setdefault(r["op"], []).append(r)
+    ops = sorted(by_op)
+    # Link u -> u+1 in one op: from u's first send to u+1's last receive, minus the time its
+    # bytes need at the ceiling. Near zero: the link never waited (skew between the ranks'
+    # starts costs nothing by itself); large: that link ran below the ceiling in that op.
+    excess: dict[str, list[float]] = {}
+    for i in ops:
+        ranks_i = {r["rank"]: r for r in by_op[i]}
+        for u in range(world):
+            src, dst = ranks_i.get(u), ranks_i.get((u + 1) % world)
+            if src is None or dst is None or src["first_send"] is None or not dst["gots"]:
+                continue
+            took = dst["gots"][-1][0] - (src["t0"] + src["first_send"])
+            need = sum(b for _, b in dst["gots"]) / ceiling_bps
+            excess.setdefault(f"{u}->{(u + 1) % world}", []).append(1e3 * (took - need))
+    for r in rows:
+        r.pop("gots", None)
+    # The op's period: from one op's earliest start to the next's (back to back).
+    starts = [min(r["t0"] for r in by_op[i]) for i in ops]
+    periods = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] or 0.0 for r in rows)
+
+    tcp_retrans = {}
+    for d in ranks:
+        if d["tcp"]:
+            first, last = d["tcp"][0], d["tcp"][-1]
+            tcp_retrans[d["rank"]] = {p: last[p]["total_retrans"] - first[p]["total_retrans"]
+                                      for p in last}
+    return {
+        "world": world, "ops": len(ops), "ceiling_Bps": ceiling_bps,
+        "period_ms_median": 1e3 * statistics.median(periods) if periods else None,
+        "ideal_ms": 1e3 * statistics.median(r["ideal"] for r in rows),
+        "op_ms_median": 1e3 * med("time"),
+        "before_first_send_us_median": 1e6 * med("first_send"),
+        "after_last_recv_us_median": 1e6 * med("tail"),
+        "first_recv_done_us_median": 1e6 * med("first_got"),
+        "mid_op_receive_rate_pct_of_ceiling_median": med("mid_rate_pct"),
+        "link_excess_ms_per_op": {k: [round(x, 2) for x in v] for k, v in excess.items()},
+        "retransmits_during_trace": tcp_retrans,
+        "tcp_info_last": {d["rank"]: d["tcp"][-1] if d["tcp"] else {} for d in ranks},
+    }
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--op", default="all_reduce",
+                    choices=["all_reduce", "all_gather", "reduce_scatter"])
+    ap.add_argument("--size", default="4M")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--analyze", action="store_true",
+                    help="only summarize the traces already in --out (ceiling from its summary)")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.rank_worker:
+        rank_main(args.op, size, args.reps, args.out)
+        return 0
+    if args.analyze:
+        old = json.loads((args.out / "summary.json").read_text())
+        summary = summarize(args.out, old["ceiling_Bps"])
+        print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
+        return 0
+    from mccl.bench.ceiling import measure_ceiling
+    from mccl.bench.cluster import Cluster, kill_tree
+
+    with Cluster(args.hosts, args.rate) as c:
+        bps = measure_ceiling(c)["bytes_per_s"]
+        port = random.randint(20000, 30000)
+        procs = []
+        for i in range(args.hosts):
+            env = dict(os.environ, MASTER_ADDR=c.addr(0), MASTER_PORT=str(port),
+                       WORLD_SIZE=str(args.hosts), RANK=str(i), MCCL_SOCKET_IFNAME=c.iface,
+                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+            argv = [sys.executable, __file__, "--rank-worker", "--op", args.op,
+                    "--size", args.size,
+                    "--reps", str(args.reps), "--out", str(args.out)]
+            procs.append(c.popen(i, argv, env=env, stdout=subprocess.DEVNULL))
+        deadline = time.monotonic() + args.timeout
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            for p in procs:
+                kill_tree(p)
+    summary = summarize(args.out, bps)
+    summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
