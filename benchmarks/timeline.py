@@ -194,9 +194,11 @@ def main() -> int:
     if args.rank_worker:
         rank_main(args.op, size, args.reps, args.out)
         return 0
-    if args.analyze:
+    if args.analyze:  # re-summarize kept traces (rewrites summary.json, keeps the run's fields)
         old = json.loads((args.out / "summary.json").read_text())
         summary = summarize(args.out, old["ceiling_Bps"])
+        summary.update({k: v for k, v in old.items() if k not in summary})
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
         return 0
     from mccl.bench.ceiling import measure_ceiling

@@ -231,3 +231,34 @@ def test_model_cli_on_saved_results(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert model_main([str(path), "--png", str(tmp_path / "m.png")]) == 0
     assert "alpha = 50.0 us/hop" in capsys.readouterr().out
     assert (tmp_path / "m.png").exists()
+
+
+def test_timeline_summary_attributes_a_slow_link(tmp_path: Path) -> None:
+    """benchmarks/timeline.py's summary on a hand-made trace of 2 ranks and 2 ops: per-op
+    overheads, and the excess of the one link that took 3 ms longer than its bytes need."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import timeline
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    mb, bps = 1 << 20, float(1 << 30)  # 1 MiB takes 1/1024 s at the "ceiling"
+    need = mb / bps
+    traces = {0: [], 1: []}
+    for op in range(2):
+        t0 = op * 0.1
+        for r in (0, 1):
+            slow = 0.003 if (op, r) == (1, 0) else 0.0  # op 1: link 1 -> 0 is 3 ms late
+            traces[r] += [(t0, "start", op, 0), (t0 + 1e-4, "send", 1 - r, mb),
+                          (t0 + 1e-4, "recv", 1 - r, 0),
+                          (t0 + 1e-4 + need + slow, "got", 1 - r, mb),
+                          (t0 + 2e-4 + need + slow, "end", op, 0)]
+    for r, ev in traces.items():
+        (tmp_path / f"rank{r}.json").write_text(
+            json.dumps({"rank": r, "world": 2, "events": ev, "tcp": []}))
+    s = timeline.summarize(tmp_path, bps)
+    assert s["ops"] == 2 and s["world"] == 2
+    assert math.isclose(s["before_first_send_us_median"], 100, rel_tol=1e-6)
+    assert math.isclose(s["after_last_recv_us_median"], 100, rel_tol=1e-6)
+    assert math.isclose(s["ideal_ms"], 1e3 * need, rel_tol=1e-6)
+    assert [round(x, 6) for x in s["link_excess_ms_per_op"]["0->1"]] == [0.0, 0.0]
+    assert [round(x, 6) for x in s["link_excess_ms_per_op"]["1->0"]] == [0.0, 3.0]
