@@ -4,7 +4,9 @@
 
 Every rank records, with one system-wide clock, when each op starts and ends, when each chunk
 is queued for sending and how many bytes were already waiting in the socket when its receive
-began (FIONREAD), and TCP_INFO of its two ring sockets after every op. The summary splits each
+began (FIONREAD), when the sender thread writes and how many bytes were still unacknowledged
+then (SIOCOUTQ: near zero means the link may have run dry), and TCP_INFO of its two ring
+sockets after every op. The summary splits each
 op's time into the ideal transfer time (bytes over the measured single-stream ceiling) and
 what is left, then attributes the rest: time before the first send, time after the last
 receive, and gaps in the middle where a receive waited longer than its bytes need on the wire.
@@ -46,6 +48,15 @@ def waiting_bytes(sock: socket.socket) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
+def unacked_bytes(sock: socket.socket) -> int:
+    """Bytes written to the socket that the peer has not acknowledged yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+#: A sender-thread write that finds fewer bytes than this in flight may have let the link idle.
+DRY_BYTES = 64 << 10
+
+
 def rank_main(op: str, size: int, reps: int, out: Path) -> None:
     """One rank: warm up, then trace ``reps`` back-to-back ops of ``size`` bytes (all_gather:
     the gathered output, reduce_scatter: the full input, as the bench counts them)."""
@@ -54,6 +65,7 @@ def rank_main(op: str, size: int, reps: int, out: Path) -> None:
 
     import mccl  # noqa: F401 - registers the backend
     from mccl import engine
+    from mccl.transport import tcp
 
     now = time.monotonic
     events: list[tuple] = []
@@ -77,7 +89,15 @@ def rank_main(op: str, size: int, reps: int, out: Path) -> None:
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
     for _ in range(3):
         run()
+    write0 = tcp.Peer._write
+
+    def write(self, header, payload, last=True):
+        events.append((now(), "write", self.rank, unacked_bytes(self.sock)))
+        write0(self, header, payload, last)
+        events.append((now(), "wrote", self.rank, 0))
+
     engine.OpChannel.send, engine.OpChannel.recv = send, recv
+    tcp.Peer._write = write
     mesh = dist.group.WORLD._engine.mesh
     socks = {r: mesh.peer(r).sock for r in {(rank + 1) % world, (rank - 1) % world} - {rank}}
     infos = []
@@ -103,13 +123,22 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
         op = None
         for t, kind, a, b in d["events"]:
             if kind == "start":
-                op = {"rank": d["rank"], "op": a, "t0": t, "first_send": None, "gots": []}
+                op = {"rank": d["rank"], "op": a, "t0": t, "first_send": None, "gots": [],
+                      "dry_writes": 0, "dry_gap": 0.0}
+                wrote: dict[int, float] = {}
             elif op is None:
                 continue
             elif kind == "send" and op["first_send"] is None:
                 op["first_send"] = t - op["t0"]
             elif kind == "got":
                 op["gots"].append((t, b))
+            elif kind == "wrote":
+                wrote[a] = t
+            elif kind == "write" and b < DRY_BYTES and a in wrote:
+                # The socket had (almost) nothing in flight: the link may have idled since
+                # the previous write to this peer ended.
+                op["dry_writes"] += 1
+                op["dry_gap"] += t - wrote[a]
             elif kind == "end":
                 gots = op["gots"]
                 op["time"] = t - op["t0"]
@@ -164,6 +193,8 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
         "after_last_recv_us_median": 1e6 * med("tail"),
         "first_recv_done_us_median": 1e6 * med("first_got"),
         "mid_op_receive_rate_pct_of_ceiling_median": med("mid_rate_pct"),
+        "dry_writes_median": med("dry_writes"),
+        "dry_gap_ms_median": 1e3 * med("dry_gap"),
         "link_excess_ms_per_op": {k: [round(x, 2) for x in v] for k, v in excess.items()},
         "retransmits_during_trace": tcp_retrans,
         "tcp_info_last": {d["rank"]: d["tcp"][-1] if d["tcp"] else {} for d in ranks},

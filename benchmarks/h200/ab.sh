@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Design A/B on the 10 Gbit emulated cluster: the same all-reduce bench once per variant of
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
-# once per world size, then per-chunk timelines of the default. One call of the device tool:
+# once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call:
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -38,11 +38,26 @@ for n in $WORLDS; do
     bench gloo "$n" gloo ""
     for v in "$@"; do bench "${v%%:*}" "$n" mccl "${v#*:}"; done
 done
-for s in 1M 64M; do
-    lim=$(left); [ "$lim" -gt 90 ] && lim=90
-    [ "$lim" -lt 20 ] && break
-    timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 --rate 10gbit \
-        --size "$s" --reps 12 --out "$RES/timeline-$s" >"$RES/timeline-$s.log" 2>&1
-    echo "timeline $s:" >>"$RES/summary.txt"; cat "$RES/timeline-$s/summary.json" >>"$RES/summary.txt" 2>/dev/null
+# Timelines: TL_VARIANTS "name:spec ..." (default: the defaults only) x TL_SIZES at 4 hosts.
+for v in ${TL_VARIANTS:-base:}; do
+    for s in ${TL_SIZES:-1M 64M}; do
+        lim=$(left); [ "$lim" -gt 90 ] && lim=90
+        [ "$lim" -lt 20 ] && break 2
+        out="$RES/timeline-${v%%:*}-$s"
+        MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
+            timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
+            --rate 10gbit --size "$s" --reps 12 --out "$out" >"$out.log" 2>&1
+        echo "timeline ${v%%:*} $s:" >>"$RES/summary.txt"
+        "$PY" - "$out/summary.json" >>"$RES/summary.txt" 2>&1 <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ("period_ms_median", "ideal_ms", "before_first_send_us_median",
+        "after_last_recv_us_median", "mid_op_receive_rate_pct_of_ceiling_median",
+        "dry_writes_median", "dry_gap_ms_median")
+print("   ", " ".join(f"{k}={d[k]:.2f}" for k in keys))
+print("    link excess ms per op:", {k: v for k, v in d["link_excess_ms_per_op"].items()})
+print("    retransmits:", d["retransmits_during_trace"])
+PYEOF
+    done
 done
 tar -czf "$OUTDIR/ab_results.tar.gz" -C "$RES" . && cp "$RES/summary.txt" "$OUTDIR/summary.txt"
