@@ -27,6 +27,7 @@ Example (what benchmarks/h200/run_all.sh runs)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mccl.bench.spawn import run_ranks  # noqa: E402
+from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
 
 VIT_PARAMS = 113_500_000
 PG_TIMEOUT_S = 300.0  # torch.distributed timeout inside the ranks
@@ -159,13 +160,14 @@ def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
             "path": path, "buckets": sizes}
 
 
-def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_variant(name: str, args: argparse.Namespace, hosts: Hosts | None = None
+                ) -> dict[str, Any]:
     backend, env = VARIANTS[name]
     cfg = {"device": args.device, "scale": args.scale, "steps": args.steps,
            "warmup": args.warmup, "compute_ms": args.compute_ms, "matmul": args.matmul,
            "switch_interval": args.switch_interval}
     res = run_ranks(_rank, args.world, cfg, backend=backend, env=env, timeout=args.timeout,
-                    pg_timeout_s=PG_TIMEOUT_S)[0]
+                    pg_timeout_s=PG_TIMEOUT_S, hosts=hosts)[0]
     med = {k: statistics.median(v) for k, v in res["times"].items()}
     hidden = (med["compute"] + med["comm"] - med["step"]) / med["comm"]
     return {"variant": name, "backend": backend, "env": env, "path": res["path"],
@@ -219,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matmul", type=int, default=0, help="matrix size (0: 2048 cuda, 192 cpu)")
     p.add_argument("--switch-interval", type=float, default=0.0,
                    help="sys.setswitchinterval in the ranks (0 = Python's default, 5 ms)")
+    p.add_argument("--cluster", action="store_true",
+                   help="one rank per emulated host (python -m mccl.cluster's netns + tbf links)")
+    p.add_argument("--rate", default="1gbit", help="link rate of --cluster (e.g. 1gbit)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None)
@@ -235,19 +240,29 @@ def main(argv: list[str] | None = None) -> int:
         args.matmul = 2048 if args.device == "cuda" else 192
     import torch
 
-    rows = []
-    for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        r = run_variant(name, args)
-        rows.append(r)
-        print(f"{name:<13} T_compute {r['t_compute_s']:.3f}s  T_comm {r['t_comm_s']:.3f}s  "
-              f"T_step {r['t_step_s']:.3f}s  hidden {100 * r['hidden']:5.1f}%  "
-              f"[{r['path']}, {r['buckets']} buckets, {r['grad_bytes'] / 1e6:.1f} MB, "
-              f"{r['matmuls_per_step']} matmuls, correct={r['correct']}]", flush=True)
+    network: dict[str, Any] = {"mode": "loopback"}
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if args.cluster:
+            from mccl.bench.cluster import Cluster
+
+            c = stack.enter_context(Cluster(args.world, args.rate))
+            hosts = Hosts(tuple(c.hosts), c.addr(0), c.iface)
+            network = {"mode": "cluster", **c.describe()}
+        rows = []
+        for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
+            r = run_variant(name, args, hosts)
+            rows.append(r)
+            print(f"{name:<13} T_compute {r['t_compute_s']:.3f}s  T_comm {r['t_comm_s']:.3f}s  "
+                  f"T_step {r['t_step_s']:.3f}s  hidden {100 * r['hidden']:5.1f}%  "
+                  f"[{r['path']}, {r['buckets']} buckets, {r['grad_bytes'] / 1e6:.1f} MB, "
+                  f"{r['matmuls_per_step']} matmuls, correct={r['correct']}]", flush=True)
     where = (torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor()
              or platform.machine())
     doc = {"benchmark": "overlap", "command": shlex.join([sys.executable] + sys.argv),
            "argv": sys.argv[1:], "device": args.device, "device_name": where,
-           "world": args.world, "scale": args.scale, "torch": torch.__version__,
+           "world": args.world, "scale": args.scale, "network": network,
+           "torch": torch.__version__,
            "cpus": os.cpu_count(), "platform": platform.platform(), "rows": rows,
            "loadavg_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
            "note": ("on cpu and cuda the MCCL_UNIFIED_COLLECTIVE flag selects nothing: "

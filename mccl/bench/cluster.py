@@ -443,6 +443,27 @@ class Cluster:
         return res
 
 
+#: Where ``ip netns add`` keeps a handle on each named namespace, and setns's flag for one.
+NETNS_DIR = "/var/run/netns"
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread (and the threads it starts later) into network namespace
+    ``name``, so a Python process can become one emulated host without ``ip netns exec``
+    (benchmarks that spawn their ranks with multiprocessing). Linux only; needs root."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def kill_tree(proc: subprocess.Popen[Any], grace_s: float = 0.0) -> None:
     """Kill a process started with start_new_session=True together with its whole group."""
     if proc.poll() is not None:

@@ -10,19 +10,33 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
 import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 DEFAULT_TIMEOUT_S = 90.0
+#: Rendezvous ports tried inside emulated hosts (free_port() can only ask loopback here).
+HOST_PORTS = (20000, 30000)
 
 
 class RanksFailed(AssertionError):
     """Ranks raised or did not finish in time. An AssertionError, so that in a test it reads
     as the test's failure."""
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Emulated hosts for the ranks (rank r joins namespace ``netns[r % len]``), as
+    ``mccl.bench.cluster.Cluster`` makes them: rank 0's address and the interface to use."""
+
+    netns: tuple[str, ...]
+    master: str
+    iface: str
 
 
 def free_port() -> int:
@@ -32,9 +46,16 @@ def free_port() -> int:
 
 
 def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_timeout_s: float,
-           init: bool, args: tuple, q) -> None:
+           init: bool, args: tuple, q, hosts: Hosts | None = None) -> None:
     os.environ.update(env)
+    master = "127.0.0.1"
     try:
+        if hosts is not None:
+            from mccl.bench.cluster import enter_netns
+
+            enter_netns(hosts.netns[rank % len(hosts.netns)])
+            master = hosts.master
+            os.environ.update(MCCL_SOCKET_IFNAME=hosts.iface, GLOO_SOCKET_IFNAME=hosts.iface)
         import torch
         import torch.distributed as dist
 
@@ -42,7 +63,7 @@ def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_tim
         import mccl  # noqa: F401 - registers the backend
 
         if init:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+            dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                                     world_size=world, timeout=timedelta(seconds=pg_timeout_s))
         result = fn(rank, world, *args)
         if init and dist.is_initialized():
@@ -55,20 +76,23 @@ def _child(fn, rank: int, world: int, port: int, backend: str, env: dict, pg_tim
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mccl",
               timeout: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
               pg_timeout_s: float = 60.0, init: bool = True,
-              allow_fail: bool = False, expect_missing: tuple[int, ...] = ()) -> list[Any]:
+              allow_fail: bool = False, expect_missing: tuple[int, ...] = (),
+              hosts: Hosts | None = None) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; return results by rank.
 
     Raises RanksFailed naming the backend, with the failing ranks' tracebacks, or if any
     rank does not finish within ``timeout`` seconds (all processes are killed first). With
     ``allow_fail`` a rank's traceback text is returned in its slot instead of raising. Ranks
     in ``expect_missing`` (a test kills or stops them) are not waited for once the others
-    reported; their slot is None and they are killed at the end.
+    reported; their slot is None and they are killed at the end. With ``hosts`` every rank
+    runs in an emulated host (its network namespace) instead of on loopback.
     """
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
+    port = free_port() if hosts is None else random.randint(*HOST_PORTS)
     procs = [ctx.Process(target=_child, daemon=True,
-                         args=(fn, r, world, port, backend, env or {}, pg_timeout_s, init, args, q))
+                         args=(fn, r, world, port, backend, env or {}, pg_timeout_s, init, args, q,
+                               hosts))
              for r in range(world)]
     for p in procs:
         p.start()
