@@ -22,14 +22,14 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
 
 SIZES = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10,
          1 << 20, 2 << 20, 4 << 20]
@@ -41,17 +41,17 @@ def _iters(nbytes: int) -> int:
     return max(5, min(100, (4 << 20) // nbytes))
 
 
-def worker(rank: int, world: int, init: str, ops: list[str], sizes: list[int],
-           reps: int) -> dict:
+PG_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 1800.0
+
+
+def worker(rank: int, world: int, ops: list[str], sizes: list[int], reps: int) -> dict:
     """One rank: returns {op: {bytes: {algo: [seconds per op, slowest rank, per rep]}}}."""
     import torch
     import torch.distributed as dist
 
     import mccl.collectives as coll
 
-    torch.set_num_threads(1)
-    dist.init_process_group("mccl", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
     original = (coll.SMALL_BYTES, coll.BROADCAST_SMALL_BYTES)
 
     def force(limit: int) -> None:
@@ -82,7 +82,6 @@ def worker(rank: int, world: int, init: str, ops: list[str], sizes: list[int],
                 results[op][nbytes] = samples
     finally:
         coll.SMALL_BYTES, coll.BROADCAST_SMALL_BYTES = original
-        dist.destroy_process_group()
     return results
 
 
@@ -97,37 +96,17 @@ def crossover(rows: list[dict]) -> int:
 
 
 def _launch(args, sizes: list[int]) -> tuple[dict, dict]:
-    """Start the ranks (on loopback, or one per emulated host); rank 0's results."""
-    out_dir = Path(tempfile.mkdtemp(prefix="mccl-threshold-"))
-    result = out_dir / "rank0.json"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    common = ["--ops", args.ops, "--reps", str(args.reps), "--world", str(args.world),
-              "--sizes", ",".join(map(str, sizes)), "--result", str(result)]
-    me = [sys.executable, str(Path(__file__).resolve())]
-    setting: dict = {"network": "loopback"}
-    if args.rate:
-        from mccl.bench.cluster import Cluster
+    """Run the ranks (on loopback, or one per emulated host); rank 0's results."""
+    work = (args.ops.split(","), sizes, args.reps)
+    kw = dict(timeout=RUN_TIMEOUT_S, pg_timeout_s=PG_TIMEOUT_S)
+    if not args.rate:
+        return run_ranks(worker, args.world, *work, **kw)[0], {"network": "loopback"}
+    from mccl.bench.cluster import Cluster
 
-        cluster = Cluster(hosts=args.world, rate=args.rate, prefix="mthresh").up()
-        try:
-            init = f"tcp://{cluster.addr(0)}:29517"
-            env["MCCL_SOCKET_IFNAME"] = cluster.iface
-            procs = [cluster.popen(r, me + ["--worker", str(r), "--init", init] + common,
-                                   env=env) for r in range(args.world)]
-            codes = [p.wait(timeout=1800) for p in procs]
-            setting = {"network": "emulated", **cluster.describe()}
-        finally:
-            cluster.down()
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            init = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-        procs = [subprocess.Popen(me + ["--worker", str(r), "--init", init] + common, env=env)
-                 for r in range(args.world)]
-        codes = [p.wait(timeout=1800) for p in procs]
-    if any(codes):
-        raise SystemExit(f"ranks exited with {codes}")
-    return json.loads(result.read_text()), setting
+    with Cluster(hosts=args.world, rate=args.rate, prefix="mthresh") as cluster:
+        hosts = Hosts(tuple(cluster.hosts), cluster.addr(0), cluster.iface)
+        res = run_ranks(worker, args.world, *work, hosts=hosts, **kw)
+        return res[0], {"network": "emulated", **cluster.describe()}
 
 
 def main() -> None:
@@ -140,17 +119,7 @@ def main() -> None:
                     "(e.g. 1gbit, 10gbit) instead of loopback")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                     "threshold-<network>.json)")
-    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--init", help=argparse.SUPPRESS)
-    ap.add_argument("--sizes", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker is not None:
-        res = worker(args.worker, args.world, args.init, args.ops.split(","),
-                     [int(s) for s in args.sizes.split(",")], args.reps)
-        if args.worker == 0:
-            Path(args.result).write_text(json.dumps(res))
-        return
 
     import torch
 
@@ -162,8 +131,8 @@ def main() -> None:
     for op in args.ops.split(","):
         rows = []
         for nbytes in sizes:
-            d = statistics.median(raw[op][str(nbytes)]["doubling"]) * 1e6
-            r = statistics.median(raw[op][str(nbytes)]["ring"]) * 1e6
+            d = statistics.median(raw[op][nbytes]["doubling"]) * 1e6
+            r = statistics.median(raw[op][nbytes]["ring"]) * 1e6
             rows.append({"bytes": nbytes, "doubling_us": round(d, 1), "ring_us": round(r, 1),
                          "ring_over_doubling": round(r / d, 2)})
         report["ops"][op] = {"rows": rows, "crossover_bytes": crossover(rows)}

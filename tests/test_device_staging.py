@@ -19,24 +19,7 @@ from mccl.device import staging
 from mccl.device.cpu import CpuAdapter
 from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff, piece_count
 from tests.device_fakes import FakeAsyncOps, FakeEvent, install_fake_staging, slow_fill
-
-
-def _on_thread(fn, name: str = "comm"):
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["error"] = e
-
-    t = threading.Thread(target=run, name=name)
-    t.start()
-    t.join(30)
-    assert not t.is_alive()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+from tests.threads import on_thread
 
 
 def _adapter(**kw) -> tuple[StagingAdapter, FakeAsyncOps]:
@@ -49,7 +32,7 @@ def test_comm_thread_waits_for_the_producer_marker() -> None:
     t = torch.zeros(1000)
     slow_fill(ops.current, t, 3.0, delay=0.1)  # the "kernel" is still running at prepare
     h = adapter.prepare([t], [True], [True])
-    hosts = _on_thread(h.acquire)
+    hosts = on_thread(h.acquire)
     assert torch.equal(hosts[0], torch.full((1000,), 3.0))
     assert ops.ready_events[0].sync_threads == ["comm"]
 
@@ -64,7 +47,7 @@ def test_copy_back_is_fenced_and_gates_the_consumer() -> None:
         hosts[0].mul_(5)
         h.release()
 
-    _on_thread(comm)
+    on_thread(comm)
     gate = h.gate()
     assert gate is not None
     gate()  # the caller's stream now waits for the copy back
@@ -78,10 +61,10 @@ def test_only_read_tensors_are_copied_out_and_only_written_ones_back() -> None:
     adapter, ops = _adapter()
     a, b, c = torch.arange(4.0), torch.zeros(4), torch.zeros(4)
     h = adapter.prepare([a, b, c], [True, False, True], [False, True, False])
-    hosts = _on_thread(h.acquire)
+    hosts = on_thread(h.acquire)
     assert [d for d, _ in ops.copies] == ["out", "out"]
     hosts[1].copy_(hosts[0] + hosts[2] + 1)
-    _on_thread(h.release)
+    on_thread(h.release)
     assert [d for d, _ in ops.copies] == ["out", "out", "back"]
     ops.side.synchronize()
     assert torch.equal(b, torch.arange(4.0) + 1)
@@ -92,12 +75,12 @@ def test_copies_run_on_the_comm_thread_unless_the_device_forbids_it() -> None:
     adapter, ops = _adapter()
     t = torch.ones(8)
     h = adapter.prepare([t], [True], [True])
-    _on_thread(lambda: (h.acquire(), h.release()))
+    on_thread(lambda: (h.acquire(), h.release()))
     assert {th for _, th in ops.copies} == {"comm"}
 
     adapter, ops = _adapter(copy_out_on_caller=True)
     h = adapter.prepare([t], [True], [True])
-    _on_thread(lambda: (h.acquire(), h.release()))
+    on_thread(lambda: (h.acquire(), h.release()))
     me = threading.current_thread().name
     assert ops.copies == [("out", me), ("back", "comm")]
 
@@ -112,7 +95,7 @@ def test_host_buffers_are_pooled_and_reused_only_after_their_fence() -> None:
             h.acquire()[0].add_(1)
             h.release()
 
-        _on_thread(comm)
+        on_thread(comm)
         ops.side.synchronize()
         assert torch.equal(t, torch.full((256,), float(i + 1)))
     assert ops.host_allocs == 1
@@ -158,7 +141,7 @@ def test_dtypes_and_empty_tensors_round_trip(dtype: torch.dtype) -> None:
             hosts[0].logical_not_()
         h.release()
 
-    _on_thread(comm)
+    on_thread(comm)
     ops.side.synchronize()
     assert torch.equal(t.to(torch.int64), 1 - (torch.arange(10) % 2))
 
@@ -166,7 +149,7 @@ def test_dtypes_and_empty_tensors_round_trip(dtype: torch.dtype) -> None:
 def test_result_context_and_gate_come_from_the_device() -> None:
     adapter, ops = _adapter()
     h = adapter.prepare([torch.ones(2)], [True], [False])
-    _on_thread(lambda: (h.acquire(), h.release()))
+    on_thread(lambda: (h.acquire(), h.release()))
     assert h.gate() is None  # nothing written back: nothing to gate on
     ctx = h.result_context()
     assert ctx is not None
@@ -237,7 +220,7 @@ def test_pieces_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
         h.release()
         return [log, got]
 
-    log, got = _on_thread(comm)
+    log, got = on_thread(comm)
     assert torch.equal(torch.cat(got), want)  # pieces tile the tensor, each copied before use
     assert [len(g) for g in got] == [250, 250, 250, 251]
     for i, seen in enumerate(log):  # piece i's copy back is enqueued before piece i+1 runs
@@ -268,7 +251,7 @@ def test_release_copies_back_the_pieces_not_handed_back(monkeypatch) -> None:
                 copy_back()
         h.release()
 
-    _on_thread(comm)
+    on_thread(comm)
     assert [d for d, _ in ops.copies].count("back") == piece_count(777 * 4)
     h.gate()()
     ops.current.synchronize()
@@ -287,7 +270,7 @@ def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatc
     adapter, ops = _adapter(copy_out_on_caller=True)
     h = adapter.prepare([big], [True], [True])
     assert not h.pipeline()
-    _on_thread(lambda: (h.acquire()[0].mul_(3), h.release()))
+    on_thread(lambda: (h.acquire()[0].mul_(3), h.release()))
     ops.current.synchronize()
     assert torch.equal(big, torch.full((1000,), 3.0))
     # CPU tensors stay zero-copy: the CPU hand-off has no pipeline at all
@@ -313,7 +296,7 @@ def test_pieces_of_odd_sizes_and_dtypes_tile_the_tensor(monkeypatch, dtype) -> N
         h.release()
         return sizes
 
-    sizes = _on_thread(comm)
+    sizes = on_thread(comm)
     assert sum(sizes) == 1237 and len(sizes) == piece_count(1237 * t.element_size())
     assert max(sizes) - min(sizes) <= 1
     ops.side.synchronize()
@@ -335,7 +318,7 @@ def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
                 copy_back()
             h.release()
 
-        _on_thread(comm)
+        on_thread(comm)
         h.gate()()
         ops.current.synchronize()
         assert torch.equal(t, torch.full((600,), float(i + 1)))

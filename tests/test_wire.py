@@ -38,6 +38,7 @@ from mccl.transport.framing import (
 )
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
 from mccl.transport.tcp import Mesh, MismatchError, PeerError
+from tests.threads import in_thread
 
 FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -63,20 +64,6 @@ def make_mesh(size: int = 2, timeout_s: float = 5.0, probe_s: float = 0.05):
     for r in range(1, size):
         mine[r], far[r] = tcp_pair()
     return Mesh(0, size, GROUP, mine, timeout_s, "test", probe_s=probe_s), far
-
-
-def in_thread(fn) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 # ---------------------------------------------------------------- listener hardening
