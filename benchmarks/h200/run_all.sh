@@ -50,6 +50,15 @@ run() {
     return 0
 }
 
+# The emulated cluster needs iproute2; unpack the carried .debs once if `ip` is missing.
+need_ip() {
+    if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
+        # shellcheck source=/dev/null
+        . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
+            || say "iproute2_env failed (cluster stages will report it)"
+    fi
+}
+
 stage_env() {
     {
         nvidia-smi -L 2>&1
@@ -81,11 +90,7 @@ stage_overlap() {
 stage_overlap1g() {
     # The same step on 4 emulated hosts with 1 Gbit links (issue #5's setting): the gradients
     # scaled by 0.1 (45 MB), so a 1 Gbit all-reduce takes what the full 454 MB take at 10 GbE.
-    if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
-        # shellcheck source=/dev/null
-        . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
-            || say "iproute2_env failed (cluster stages will report it)"
-    fi
+    need_ip
     local d
     for d in cuda cpu; do
         run "overlap1g_$d" 200 "$PY" benchmarks/overlap.py --device "$d" --world 4 \
@@ -104,11 +109,7 @@ stage_overlapcpu() {
 }
 
 stage_cluster() {
-    if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
-        # shellcheck source=/dev/null
-        . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
-            || say "iproute2_env failed (cluster stages will report it)"
-    fi
+    need_ip
     local n
     for n in 4 8; do
         run "cluster10g_cpu_n$n" 200 "$PY" -m mccl.bench --cluster --hosts "$n" \
@@ -127,6 +128,7 @@ stage_cluster() {
 stage_vit() {
     # DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts (the ranks
     # share the one GPU), once per backend: step time, no-sync compute, bare comm, hidden %.
+    need_ip
     local b
     for b in mccl gloo; do
         run "vit10g_$b" 200 "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
