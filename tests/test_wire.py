@@ -105,20 +105,29 @@ def test_listener_drops_intruders_during_setup() -> None:
         socket.create_connection(target).close()
     slow = socket.create_connection(target)  # slowloris: half a hello, then silence
     slow.sendall(os.urandom(handshake.HELLO_SIZE // 2))
+    # A hello that would be valid for another connection's challenge: a recorded one, replayed.
+    recorded = handshake.make_hello(secret, group, 1, 0, challenge=os.urandom(16))[0]
+
+    def hello(key: bytes, g: int, src: int, dst: int):
+        return lambda chal: handshake.make_hello(key, g, src, dst, challenge=chal)[0]
+
     attacks = [
-        os.urandom(handshake.HELLO_SIZE),
-        os.urandom(4096),
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(handshake.HELLO_SIZE),
-        handshake.make_hello(other, group, 1, 0)[0],  # wrong secret
-        handshake.make_hello(other, 0xBEEF, 1, 0)[0],  # another job's group and secret
-        handshake.make_hello(secret, group ^ 1, 1, 0)[0],  # right secret, other group
-        handshake.make_hello(secret, group, 7, 0)[0],  # rank outside the group
-        handshake.make_hello(secret, group, 1, 2)[0],  # addressed to another rank
+        lambda chal: os.urandom(handshake.HELLO_SIZE),
+        lambda chal: os.urandom(4096),
+        lambda chal: b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(handshake.HELLO_SIZE),
+        lambda chal: recorded,  # replayed
+        hello(other, group, 1, 0),  # wrong secret
+        hello(other, 0xBEEF, 1, 0),  # another job's group and secret
+        hello(secret, group ^ 1, 1, 0),  # right secret, other group
+        hello(secret, group, 7, 0),  # rank outside the group
+        hello(secret, group, 1, 2),  # addressed to another rank
     ]
     socks = []
-    for payload in attacks:
+    for make in attacks:
         s = socket.create_connection(target)
-        s.sendall(payload)
+        s.settimeout(15)
+        chal = handshake.parse_challenge(handshake.read_exact(s, handshake.CHALLENGE_SIZE))
+        s.sendall(make(chal))
         socks.append(s)
     assert all(_closed_by_listener(s) for s in socks), "an intruder was not dropped"
     for s in socks:
@@ -235,7 +244,18 @@ def test_unpack_header_structured(fields: tuple) -> None:
 @given(st.binary(min_size=0, max_size=2 * handshake.HELLO_SIZE))
 def test_parse_hello_random_bytes(raw: bytes) -> None:
     with pytest.raises(handshake.HandshakeError):
-        handshake.parse_hello(raw, b"s" * 32, 1, 0, 4)
+        handshake.parse_hello(raw, b"s" * 32, 1, 0, 4, challenge=b"c" * 16)
+
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=2 * handshake.CHALLENGE_SIZE))
+def test_parse_challenge_random_bytes(raw: bytes) -> None:
+    """Anything but an mccl listener's challenge is refused before a hello is sent."""
+    if raw[:8] == handshake.CHALLENGE_MAGIC and len(raw) == handshake.CHALLENGE_SIZE:
+        assert handshake.parse_challenge(raw) == raw[8:]
+        return
+    with pytest.raises(handshake.HandshakeError):
+        handshake.parse_challenge(raw)
 
 
 @FUZZ
@@ -251,7 +271,8 @@ def test_parsers_bulk_random_inputs() -> None:
     rng = random.Random(6)
     secret = b"s" * 32
     good_hdr = pack_header(DATA, SIG, GROUP, 1, 16)
-    good_hello = handshake.make_hello(secret, 1, 1, 0)[0]
+    chal = b"c" * 16
+    good_hello = handshake.make_hello(secret, 1, 1, 0, challenge=chal)[0]
     for _ in range(BULK):
         raw = bytearray(good_hdr if rng.random() < 0.5 else rng.randbytes(HEADER_SIZE))
         for _ in range(rng.randint(1, 4)):
@@ -264,18 +285,21 @@ def test_parsers_bulk_random_inputs() -> None:
                           rng.randbytes(handshake.HELLO_SIZE))
         hello[rng.randrange(len(hello))] ^= 1 << rng.randrange(8)
         with pytest.raises(handshake.HandshakeError):
-            handshake.parse_hello(bytes(hello), secret, 1, 0, 2)
+            handshake.parse_hello(bytes(hello), secret, 1, 0, 2, challenge=chal)
 
 
 def test_hello_every_bit_flip_is_refused() -> None:
     secret = b"k" * 32
-    hello, nonce = handshake.make_hello(secret, 5, 1, 0)
-    assert handshake.parse_hello(hello, secret, 5, 0, 2) == (1, nonce)
+    chal = b"c" * 16
+    hello, nonce = handshake.make_hello(secret, 5, 1, 0, challenge=chal)
+    assert handshake.parse_hello(hello, secret, 5, 0, 2, challenge=chal) == (1, nonce)
+    with pytest.raises(handshake.HandshakeError, match="replayed"):  # another connection's
+        handshake.parse_hello(hello, secret, 5, 0, 2, challenge=b"d" * 16)
     for i in range(len(hello) * 8):
         bad = bytearray(hello)
         bad[i // 8] ^= 1 << (i % 8)
         with pytest.raises(handshake.HandshakeError):
-            handshake.parse_hello(bytes(bad), secret, 5, 0, 2)
+            handshake.parse_hello(bytes(bad), secret, 5, 0, 2, challenge=chal)
     ack = handshake.make_ack(secret, nonce, 5, 1, 0)
     handshake.check_ack(ack, secret, nonce, 5, 1, 0)
     for i in range(len(ack) * 8):

@@ -131,7 +131,8 @@ class _Acceptor:
         self.stop = False
         self.dropped = 0
         self.error: BaseException | None = None
-        self._pending: dict[socket.socket, tuple[bytearray, float]] = {}
+        # unauthenticated connection -> (hello bytes so far, deadline, challenge it was sent)
+        self._pending: dict[socket.socket, tuple[bytearray, float, bytes]] = {}
         self._sel = selectors.DefaultSelector()
         self.thread = threading.Thread(target=self._run, name="mccl-accept", daemon=True)
         self.thread.start()
@@ -151,7 +152,7 @@ class _Acceptor:
                     else:
                         self._read(key.fileobj)  # type: ignore[arg-type]
                 now = time.monotonic()
-                for conn, (_, deadline) in list(self._pending.items()):
+                for conn, (_, deadline, _) in list(self._pending.items()):
                     if now > deadline:
                         self._drop(conn, f"no hello within {HELLO_TIMEOUT_S:.0f}s")
         except Exception as e:  # noqa: BLE001 - reported to wait(), never lost in a thread
@@ -180,11 +181,17 @@ class _Acceptor:
             conn.setblocking(False)
             if len(self._pending) >= MAX_PENDING:  # flood: the oldest pending one goes
                 self._drop(next(iter(self._pending)), "too many pending connections")
-            self._pending[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S)
+            challenge, nonce = handshake.make_challenge()
+            try:  # a new socket's empty buffer takes these few bytes at once
+                conn.send(challenge)
+            except OSError as e:
+                self._drop(conn, f"could not send the challenge: {e}", registered=False)
+                continue
+            self._pending[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S, nonce)
             self._sel.register(conn, selectors.EVENT_READ, True)
 
     def _read(self, conn: socket.socket) -> None:
-        buf, _ = self._pending[conn]
+        buf, _, challenge = self._pending[conn]
         try:
             chunk = conn.recv(handshake.HELLO_SIZE - len(buf))
         except (BlockingIOError, InterruptedError):
@@ -202,7 +209,7 @@ class _Acceptor:
         del self._pending[conn]
         try:
             src, nonce = handshake.parse_hello(bytes(buf), self.secret, self.group, self.rank,
-                                               self.size)
+                                               self.size, challenge=challenge)
             with self.cond:
                 if src not in self.expected or src in self.socks:
                     raise handshake.HandshakeError(f"unexpected or duplicate rank {src}")
@@ -258,7 +265,8 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
         try:
             s.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
             s.connect((host, int(port)))
-            hello, nonce = handshake.make_hello(secret, group, rank, peer)
+            challenge = handshake.parse_challenge(handshake.read_exact(s, handshake.CHALLENGE_SIZE))
+            hello, nonce = handshake.make_hello(secret, group, rank, peer, challenge=challenge)
             s.sendall(hello)
             ack = handshake.read_exact(s, handshake.ACK_SIZE)
             handshake.check_ack(ack, secret, nonce, group, rank, peer)
