@@ -183,9 +183,13 @@ class _Acceptor:
                 self._drop(next(iter(self._pending)), "too many pending connections")
             challenge, nonce = handshake.make_challenge()
             try:  # a new socket's empty buffer takes these few bytes at once
-                conn.send(challenge)
+                sent = conn.send(challenge)
             except OSError as e:
-                self._drop(conn, f"could not send the challenge: {e}", registered=False)
+                sent, why = 0, str(e)
+            else:
+                why = f"sent {sent} of {len(challenge)} bytes"
+            if sent != len(challenge):
+                self._drop(conn, f"could not send the challenge: {why}", registered=False)
                 continue
             self._pending[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S, nonce)
             self._sel.register(conn, selectors.EVENT_READ, True)
