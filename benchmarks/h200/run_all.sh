@@ -66,7 +66,10 @@ stage_env() {
         "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
         echo "cores $(nproc)"; uname -a
         env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)' | sort
-        git -C "$REPO" log -1 --format='commit %H %s' 2>/dev/null || true
+        # The device tool copies the working tree but not always a fresh .git, so a commit line
+        # can be stale; this digest of the library's sources identifies the code that ran
+        # (compare with the same command in a checkout).
+        echo "mccl sources sha256 $(cd "$REPO" && find mccl -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
     } >"$RES/env.txt" 2>&1
     say "env: $(head -n 1 "$RES/env.txt"); $(sed -n 3p "$RES/env.txt")"
 }
