@@ -29,6 +29,8 @@ from .transport.tcp import Mesh
 from .work import GroupWork, Work, completed_work
 
 log = logging.getLogger("mccl")
+#: ``_submit``'s default for ``device``: the tensors were not validated yet.
+_UNCHECKED = object()
 
 BACKEND_NAME = "mccl"
 #: Tag reserved for monitored_barrier's p2p messages (user tags are other values).
@@ -209,8 +211,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True, opts=None, piecewise=None) -> Work:
-        device = self._device_of(name, tensors)
+                collective: bool = True, opts=None, piecewise=None,
+                device: torch.device | None | object = _UNCHECKED) -> Work:
+        """``device``: what ``_device_of`` already returned for exactly these ``tensors``
+        (spares validating them twice); checked here if not given."""
+        if device is _UNCHECKED:
+            device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
@@ -244,19 +250,19 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         else:
             redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         t = self._one(op_name, tensors)
-        self._device_of(op_name, [t])
+        device = self._device_of(op_name, [t])
         check(redop, t.dtype)
         sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
-                            [t], [True], [True], [t], opts=opts,
+                            [t], [True], [True], [t], opts=opts, device=device,
                             piecewise=lambda ch, ps: coll.all_reduce_pieces(ch, ps, redop, scratch))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         tensors = list(tensors)
-        self._device_of(op_name, tensors)
+        device = self._device_of(op_name, tensors)
         self._same_dtype(op_name, tensors)
         if not tensors:
             return completed_work(op_name, [])
@@ -267,7 +273,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.all_reduce_many(ch, h, redop, scratch),
-                            tensors, flags, flags, tensors, opts=opts)
+                            tensors, flags, flags, tensors, opts=opts, device=device)
 
     def broadcast(self, tensors, opts=None):
         op_name = "broadcast"
@@ -290,14 +296,14 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
         t = self._one(op_name, tensors)
-        self._device_of(op_name, [t])
+        device = self._device_of(op_name, [t])
         check(redop, t.dtype)
         sig = signature(Kind.REDUCE, t.dtype, redop, root, t.numel())
         scratch = self._engine.scratch
         is_root = self.rank() == root
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
-                            [t], [True], [is_root], [t], opts=opts)
+                            [t], [True], [is_root], [t], opts=opts, device=device)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         op_name = "all_gather"
@@ -397,7 +403,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError(f"mccl {op_name}: input list has {len(ins)} tensors, "
                              f"the group has {self.size()} ranks")
         self._same_dtype(op_name, ins + [out])
-        self._device_of(op_name, ins + [out])
+        device = self._device_of(op_name, ins + [out])
         self._numel_is(op_name, f"input[{self.rank()}]", ins[self.rank()], out.numel())
         check(redop, out.dtype)
         sig = signature(Kind.REDUCE_SCATTER, out.dtype, redop,
@@ -407,11 +413,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce_scatter(ch, h[n], h[:n], redop, scratch),
                             ins + [out], [True] * n + [False], [False] * n + [True], [out],
-                            opts=opts)
+                            opts=opts, device=device)
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        self._device_of(op_name, [output, input])
+        device = self._device_of(op_name, [output, input])
         self._same_dtype(op_name, [output, input])
         w = self.size()
         self._numel_is(op_name, "input", input, output.numel() * w)
@@ -426,7 +432,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                 scratch)
 
         return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
-                            [output], opts=opts)
+                            [output], opts=opts, device=device)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
@@ -480,7 +486,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         op_name = "all_to_all_single"
-        self._device_of(op_name, [output, input])
+        device = self._device_of(op_name, [output, input])
         self._same_dtype(op_name, [output, input])
         out_rows = self._split_rows(op_name, output, output_split_sizes, "output")
         in_rows = self._split_rows(op_name, input, input_split_sizes, "input")
@@ -507,7 +513,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             cut(coll.as_bytes(h[1]), in_rows, row_in))
 
         return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
-                            [output], opts=opts)
+                            [output], opts=opts, device=device)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
@@ -546,7 +552,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 mesh.send(dst, P2P, sig, 0, coll.as_bytes(h[0]), tag=tag)
                 mesh.flush([dst], ch.deadline)
 
-            return self._submit(op_name, sig, body, [t], [True], [False], [t], collective=False)
+            return self._submit(op_name, sig, body, [t], [True], [False], [t], collective=False,
+                                device=device)
         work = Work(op_name, [t])
         sig = signature(Kind.SEND_RECV, t.dtype)
 
