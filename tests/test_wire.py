@@ -439,6 +439,21 @@ def test_error_frame_from_bystander_names_the_culprit() -> None:
     mesh.dispose()
 
 
+def test_error_frame_blaming_this_rank_names_this_rank() -> None:
+    """The others gave up on rank 0 (say its link broke): the fault is rank 0's, not that of
+    the rank whose error frame happened to arrive first (seen on the H200: rank 1 reported
+    rank 0, a bystander, for the link it had cut itself)."""
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    text = b"mccl all_reduce (op #1) on rank 2 failed: rank 0 closed the connection"
+    far[1].sendall(pack_header(ERROR, Signature(0, root=0), GROUP, 1, len(text)) + text)
+    t.join(30)
+    err = out.get("error")
+    assert isinstance(err, PeerError) and err.peer == 1 and err.culprit == 0, err
+    assert "gave up on rank 0" in str(err) and err.origin == text.decode()
+    mesh.dispose()
+
+
 def test_probe_of_a_different_op_is_a_mismatch() -> None:
     """Rank 0 waits in op #1 for rank 1; rank 2 reports it is blocked in op #1 of another
     kind: a mismatch, found although no data frame will ever arrive."""

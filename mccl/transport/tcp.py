@@ -533,9 +533,10 @@ class Mesh:
             p.recv_exact(reason)
             text = reason.decode("utf-8", "replace")
             blamed = hdr.sig.root
-            if blamed == self.rank:  # this rank is the one the others gave up on
+            if blamed == self.rank:  # this rank is the one the others gave up on: the fault
+                # is here (its link broke, it stalled), not at the rank that says so
                 raise PeerError(p.rank, f"rank {p.rank} gave up on rank {self.rank}: {text}",
-                                origin=text)
+                                culprit=self.rank, origin=text)
             culprit = blamed if 0 <= blamed < self.size else p.rank
             raise PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
                             origin=text)
