@@ -6,10 +6,10 @@ Every rank records, with one system-wide clock, when each op starts and ends, wh
 is queued for sending and how many bytes were already waiting in the socket when its receive
 began (FIONREAD), when the sender thread writes and how many bytes were still unacknowledged
 then (SIOCOUTQ: near zero means the link may have run dry), and TCP_INFO of its two ring
-sockets after every op. The summary splits each
-op's time into the ideal transfer time (bytes over the measured single-stream ceiling) and
-what is left, then attributes the rest: time before the first send, time after the last
-receive, and gaps in the middle where a receive waited longer than its bytes need on the wire.
+sockets after every op. The summary puts each op's time beside the ideal transfer time (bytes
+over the measured single-stream ceiling) and reports where the rest may go: Python before the
+first send and after the last receive, the receive rate in the middle of the op, writes that
+found the link nearly dry, and per link how much longer its bytes took than they need.
 Linux only (FIONREAD and TCP_INFO fields as Linux lays them out); a diagnostic, not a test.
 """
 
@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
-import random
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -31,6 +28,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from mccl.bench.report import parse_size  # noqa: E402
+from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
+
+PG_TIMEOUT_S = 120.0  # torch.distributed timeout inside the ranks
 
 #: struct tcp_info (linux/tcp.h) up to tcpi_total_retrans: 8 u8 then 24 u32.
 TCP_INFO_FMT = "8B24I"
@@ -44,26 +46,31 @@ def tcp_info(sock: socket.socket) -> dict[str, int]:
     return {k: vals[i] for k, i in TCP_INFO_FIELDS.items()}
 
 
+def _ioctl_int(sock: socket.socket, request: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), request, b"\0" * 4))[0]
+
+
 def waiting_bytes(sock: socket.socket) -> int:
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    """Bytes received and not yet read (FIONREAD)."""
+    return _ioctl_int(sock, termios.FIONREAD)
 
 
 def unacked_bytes(sock: socket.socket) -> int:
     """Bytes written to the socket that the peer has not acknowledged yet (SIOCOUTQ)."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    return _ioctl_int(sock, termios.TIOCOUTQ)
 
 
 #: A sender-thread write that finds fewer bytes than this in flight may have let the link idle.
 DRY_BYTES = 64 << 10
 
 
-def rank_main(op: str, size: int, reps: int, out: Path) -> None:
-    """One rank: warm up, then trace ``reps`` back-to-back ops of ``size`` bytes (all_gather:
-    the gathered output, reduce_scatter: the full input, as the bench counts them)."""
+def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str) -> None:
+    """One rank (run by run_ranks, group already up): warm up, then trace ``reps`` back-to-back
+    ops of ``size`` bytes (all_gather: the gathered output, reduce_scatter: the full input, as
+    the bench counts them) and write the trace to ``out``."""
     import torch
     import torch.distributed as dist
 
-    import mccl  # noqa: F401 - registers the backend
     from mccl import engine
     from mccl.transport import tcp
 
@@ -80,8 +87,6 @@ def rank_main(op: str, size: int, reps: int, out: Path) -> None:
         recv0(self, peer, buf)
         events.append((now(), "got", peer, buf.nbytes))
 
-    dist.init_process_group("mccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
     full = torch.ones(size // 4 // world * world)
     part = torch.ones(full.numel() // world)
     run = {"all_reduce": lambda: dist.all_reduce(full),
@@ -108,14 +113,13 @@ def rank_main(op: str, size: int, reps: int, out: Path) -> None:
         run()
         events.append((now(), "end", i, 0))
         infos.append({str(r): tcp_info(s) for r, s in socks.items()})
-    (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world": world,
-                                                      "events": events, "tcp": infos}))
-    dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world": world,
+                                                            "events": events, "tcp": infos}))
 
 
 def summarize(out: Path, ceiling_bps: float) -> dict:
-    """Per op and rank: time, ideal, overhead before the first send and after the last receive,
-    and the wait in the middle beyond what the bytes need on the wire."""
+    """Medians over ops and ranks (period, ideal, Python before the first send and after the
+    last receive, receive rate mid-op, dry writes), each link's excess per op, retransmits."""
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     world = ranks[0]["world"]
     rows = []
@@ -201,9 +205,9 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
     }
 
 
-def parse_size(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
+def _write_summary(out: Path, summary: dict) -> None:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
 
 
 def main() -> int:
@@ -216,48 +220,28 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--analyze", action="store_true",
                     help="only summarize the traces already in --out (ceiling from its summary)")
     args = ap.parse_args()
     size = parse_size(args.size)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.rank_worker:
-        rank_main(args.op, size, args.reps, args.out)
-        return 0
     if args.analyze:  # re-summarize kept traces (rewrites summary.json, keeps the run's fields)
         old = json.loads((args.out / "summary.json").read_text())
         summary = summarize(args.out, old["ceiling_Bps"])
         summary.update({k: v for k, v in old.items() if k not in summary})
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
+        _write_summary(args.out, summary)
         return 0
     from mccl.bench.ceiling import measure_ceiling
-    from mccl.bench.cluster import Cluster, kill_tree
+    from mccl.bench.cluster import Cluster
 
     with Cluster(args.hosts, args.rate) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
-        port = random.randint(20000, 30000)
-        procs = []
-        for i in range(args.hosts):
-            env = dict(os.environ, MASTER_ADDR=c.addr(0), MASTER_PORT=str(port),
-                       WORLD_SIZE=str(args.hosts), RANK=str(i), MCCL_SOCKET_IFNAME=c.iface,
-                       OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-            argv = [sys.executable, __file__, "--rank-worker", "--op", args.op,
-                    "--size", args.size,
-                    "--reps", str(args.reps), "--out", str(args.out)]
-            procs.append(c.popen(i, argv, env=env, stdout=subprocess.DEVNULL))
-        deadline = time.monotonic() + args.timeout
-        try:
-            for p in procs:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        finally:
-            for p in procs:
-                kill_tree(p)
+        run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
+                  timeout=args.timeout, pg_timeout_s=PG_TIMEOUT_S,
+                  hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
     summary = summarize(args.out, bps)
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
+    _write_summary(args.out, summary)
     return 0
 
 
