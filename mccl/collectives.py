@@ -41,8 +41,10 @@ class _Reducible:
     """A tensor as a flat numpy array in the dtype reductions run in (float32 for halves);
     ``commit`` rounds half types back once."""
 
+    __slots__ = ("t", "work", "arr")
+
     def __init__(self, t: torch.Tensor, copy: bool):
-        t = t.detach()
+        # ``t`` is a hand-off's host tensor: detached and contiguous.
         self.t = t
         up = UPCAST.get(t.dtype)
         if up is not None:
@@ -50,8 +52,8 @@ class _Reducible:
         elif copy:
             self.work = t.reshape(-1).clone()
         else:
-            self.work = t.reshape(-1)
-        self.arr = self.work.numpy()
+            self.work = t
+        self.arr = self.work.numpy().reshape(-1)  # numpy's reshape is the cheaper view
 
     def commit(self, into: torch.Tensor | None = None) -> None:
         dst = self.t if into is None else into

@@ -21,7 +21,7 @@ import torch
 from .algorithms.base import Scratch
 from .device import Handoff
 from .errors import CollectiveError
-from .transport.framing import DATA, Signature
+from .transport.framing import DATA, Signature, pack_header
 from .transport.tcp import Mesh, MismatchError, PeerError
 from .work import Work
 
@@ -34,7 +34,7 @@ ERROR_FLUSH_S = 1.0
 class OpChannel:
     """The algorithms' Channel for one op: frames tagged with the op's seq and signature."""
 
-    __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued")
+    __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued", "_headers")
 
     def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float):
         self.mesh = mesh
@@ -44,15 +44,26 @@ class OpChannel:
         self.sig = sig
         self.deadline = deadline
         self._queued: set[int] = set()
+        self._headers: dict[int, bytes] = {}  # payload length -> this op's DATA header
+
+    def _header(self, nbytes: int) -> bytes:
+        """The frame header of this op for a payload of ``nbytes``: the same for the sender
+        and the receiver, and packed once per length (an op's chunks share a few lengths)."""
+        h = self._headers.get(nbytes)
+        if h is None:
+            h = self._headers[nbytes] = pack_header(DATA, self.sig, self.mesh.group, self.seq,
+                                                    nbytes)
+        return h
 
     def send(self, peer: int, buf: np.ndarray) -> bool:
-        done = self.mesh.send(peer, DATA, self.sig, self.seq, buf)
+        n = buf.nbytes
+        done = self.mesh.send_frame(peer, self._header(n), buf, n)
         if not done:
             self._queued.add(peer)
         return done
 
     def recv(self, peer: int, buf: np.ndarray) -> None:
-        self.mesh.recv_data(peer, self.seq, self.sig, buf)
+        self.mesh.recv_data(peer, self.seq, self.sig, buf, self._header(buf.nbytes))
 
     def mark(self) -> list:
         """Token for the sends queued so far (a buffer they read may be reused after wait)."""

@@ -7,6 +7,7 @@ reduced in float32 and rounded once by the caller.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from enum import IntEnum
 
@@ -73,8 +74,10 @@ def check(op: Op, dtype: torch.dtype) -> None:
         raise TypeError(f"reduce op {op.name} is not defined for dtype {dtype} in mccl")
 
 
+@functools.cache
 def reducer(op: Op, dtype: torch.dtype) -> Reducer:
-    """``reduce(a, b, out=None)`` for host arrays of ``dtype`` (after upcast)."""
+    """``reduce(a, b, out=None)`` for host arrays of ``dtype`` (after upcast); cached, as it
+    is looked up once per op."""
     check(op, dtype)
     if dtype == torch.bool:
         return _BOOL[op]

@@ -72,17 +72,34 @@ def _unwrap(fut: torch.futures.Future):
     return value
 
 
+def _set_result(fut: torch.futures.Future, value, result_ctx) -> None:
+    if result_ctx is not None:
+        with result_ctx():
+            fut.set_result(value)
+    else:
+        fut.set_result(value)
+
+
 class Work(dist.Work):
-    """Completion handle of one mccl op."""
+    """Completion handle of one mccl op.
+
+    Cheap to make, since every op makes one: completion is a lock held until the op is done
+    (an Event costs several times more), and the torch Future behind ``get_future`` is only
+    made when somebody asks for it, except for device ops, whose Future must be completed
+    inside the comm side's stream context.
+    """
 
     def __init__(self, op: str, result: list[torch.Tensor] | None = None,
                  devices: list[torch.device] | None = None):
         super().__init__()
         self.op = op
         self._result: list[torch.Tensor] = result if result is not None else []
-        self._done = threading.Event()
+        self._latch = threading.Lock()
+        self._latch.acquire()  # released once, when the op is done; waiters pass through it
+        self._finished = False
         self._error: BaseException | None = None
-        self._raw = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        self._value = None  # what the future carries: the result list, or the error
+        self._raw = torch.futures.Future(devices=devices) if devices else None
         self._future: torch.futures.Future | None = None  # made by get_future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
@@ -91,43 +108,51 @@ class Work(dist.Work):
     # ---- completion (comm thread) ----
     def complete(self, gate=None, result_ctx=None) -> None:
         self._gate = gate
-        self._done.set()
-        self._settle(self._result, result_ctx)
+        self._settle(self._result, None, result_ctx)
 
     def fail(self, error: BaseException) -> None:
-        if self._done.is_set():
-            return
-        self._error = error
-        self._done.set()
-        self._settle(error, None)  # _unwrap raises it in the chained future
+        self._settle(error, error, None)  # _unwrap raises it in the chained future
 
-    def _settle(self, value, result_ctx) -> None:
-        """Complete the raw future: right here while nobody asked for the Future (nothing
-        can block then, and a thread hand-off per op is saved), else on the completer."""
-        fut = self._raw
-
-        def finish() -> None:
-            if result_ctx is not None:
-                with result_ctx():
-                    fut.set_result(value)
-            else:
-                fut.set_result(value)
-
+    def _settle(self, value, error: BaseException | None, result_ctx) -> None:
+        """Mark the op done (the first outcome wins) and complete the raw future if one was
+        made: right here while nobody asked for the Future (nothing can block then, and a
+        thread hand-off per op is saved), else on the completer."""
         with self._callbacks_lock:
-            if self._future is None:
-                finish()
+            if self._finished:
                 return
-        _COMPLETER.run(finish)
+            self._error = error
+            self._value = value
+            self._finished = True
+            self._latch.release()
+            fut = self._raw
+            if fut is None:
+                return  # get_future() / _raw_future() complete it when they make it
+            if self._future is None:
+                _set_result(fut, value, result_ctx)
+                return
+        _COMPLETER.run(lambda: _set_result(fut, value, result_ctx))
+
+    def _raw_future(self) -> torch.futures.Future:
+        """The future the comm side completes; made (and completed, if the op is done) on
+        first use. Call with ``_callbacks_lock`` held."""
+        if self._raw is None:
+            self._raw = torch.futures.Future()
+            if self._finished:
+                self._raw.set_result(self._value)
+        return self._raw
 
     def set_source_rank(self, rank: int) -> None:
         self._src_rank = rank
 
     # ---- torch.distributed.Work API ----
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
-        if not self._done.wait(secs if secs > 0 else None):
-            raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
-                                  op=self.op)
+        if not self._finished:
+            secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
+                    else float(timeout or 0))
+            if not self._latch.acquire(timeout=secs if secs > 0 else -1):
+                raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
+                                      op=self.op)
+            self._latch.release()
         if self._error is not None:
             raise self._error
         if self._gate is not None:
@@ -138,10 +163,10 @@ class Work(dist.Work):
         self.wait()
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self):
         return self._error
@@ -153,7 +178,7 @@ class Work(dist.Work):
         Made on first use: most ops never ask for their future."""
         with self._callbacks_lock:
             if self._future is None:
-                self._future = self._raw.then(_unwrap)
+                self._future = self._raw_future().then(_unwrap)
             return self._future
 
     def result(self) -> list[torch.Tensor]:
@@ -182,7 +207,9 @@ class GroupWork(Work):
             self.complete()
             return
         for w in members:
-            w._raw.add_done_callback(self._member_done)
+            with w._callbacks_lock:
+                raw = w._raw_future()
+            raw.add_done_callback(self._member_done)
 
     def _member_done(self, fut) -> None:
         with self._callbacks_lock:

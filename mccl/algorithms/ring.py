@@ -31,19 +31,28 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
             finish(buf)
         return
     offs = split(buf.shape[0], w)
-    segs = [buf[offs[i]:offs[i + 1]] for i in range(w)]
     nxt, prv = (r + 1) % w, (r - 1) % w
-    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
-    pieces = [chunks(s, k) for s in segs]
+    # segment 0 is the largest (sizes differ by at most one element)
+    k = chunk_count((offs[1] - offs[0]) * buf.itemsize, chunk_bytes)
+    pieces: dict[int, list[np.ndarray]] = {}
+
+    def cut(seg: int) -> list[np.ndarray]:
+        """A segment's chunk views, made when first needed: the first send goes out before
+        the other segments are cut (that work then overlaps the transfer)."""
+        p = pieces.get(seg)
+        if p is None:
+            p = pieces[seg] = chunks(buf[offs[seg]:offs[seg + 1]], k)
+        return p
+
+    for c in cut(prv):
+        if c.size:
+            ch.send(nxt, c)
     # (segment received at this step, reduce it?) in schedule order
     steps = [((r - s - 2) % w, True) for s in range(w - 1)]
     steps += [((r - s - 1) % w, False) for s in range(w - 1)]
-    for c in pieces[(r - 1) % w]:
-        if c.size:
-            ch.send(nxt, c)
     last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
-        for c in pieces[seg]:
+        for c in cut(seg):
             if not c.size:
                 continue
             if red:

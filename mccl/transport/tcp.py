@@ -468,13 +468,18 @@ class Mesh:
         """Send one frame; returns True if it was written (or copied) before returning, so the
         caller may reuse ``payload`` at once, False if it was queued zero-copy (then
         ``on_done`` is called by the sender thread once it was written or failed)."""
-        p = self.peer(peer)
-        if p.send_error is not None:
-            raise p._send_failure()
         nbytes = memoryview(payload).nbytes if payload is not None else 0
         if kind == P2P:
             sig = Signature(sig.op, sig.dtype, sig.redop, tag, sig.count)
-        header = pack_header(kind, sig, self.group, seq, nbytes)
+        return self.send_frame(peer, pack_header(kind, sig, self.group, seq, nbytes), payload,
+                               nbytes, on_done)
+
+    def send_frame(self, peer: int, header: bytes, payload, nbytes: int,
+                   on_done: Callable[[BaseException | None], None] | None = None) -> bool:
+        """``send`` with the header already packed (an op reuses one per chunk length)."""
+        p = self.peer(peer)
+        if p.send_error is not None:
+            raise p._send_failure()
         if nbytes <= INLINE_MAX_BYTES:
             if p.send_inline(header, payload):
                 return True
@@ -519,6 +524,10 @@ class Mesh:
         raises, STATE is recorded and checked, BYE is noted) and returned for the caller to
         skip."""
         p.recv_exact(p._hdr)
+        return self._parse(p)
+
+    def _parse(self, p: Peer) -> Header:
+        """``_header`` for a header already read into ``p._hdr``."""
         try:
             hdr = unpack_header(p._hdr)
         except FrameError as e:
@@ -612,8 +621,14 @@ class Mesh:
                 f"rank {self.rank}'s data and already sent data of its op #{hdr.seq} "
                 f"{describe_signature(hdr.sig, d)}: it issued a different op #{seq}")
 
-    def recv_data(self, peer: int, seq: int, sig: Signature, buf) -> None:
-        """Receive the next collective frame from ``peer`` into ``buf`` (exact length)."""
+    def recv_data(self, peer: int, seq: int, sig: Signature, buf,
+                  expect: bytes | None = None) -> None:
+        """Receive the next collective frame from ``peer`` into ``buf`` (exact length).
+
+        ``expect``: the header that frame must carry, ``pack_header(DATA, sig, group, seq,
+        len(buf))``. A byte-equal header passes every check ``_check`` makes, so the common
+        case skips parsing; anything else takes the full path below.
+        """
         p = self.peer(peer)
         mv = _as_bytes(buf)
         if p.coll_stash:
@@ -621,8 +636,16 @@ class Mesh:
             self._check(p, hdr, seq, sig, len(mv))
             mv[:] = data
             return
+        read = False
+        if expect is not None:
+            p.recv_exact(p._hdr)
+            if p._hdr == expect:
+                p.recv_exact(mv)
+                return
+            read = True
         while True:
-            hdr = self._header(p)
+            hdr = self._parse(p) if read else self._header(p)
+            read = False
             if hdr.kind != DATA:
                 self._aside(p, hdr)
                 continue
