@@ -34,15 +34,21 @@ from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
 
 PG_TIMEOUT_S = 120.0  # torch.distributed timeout inside the ranks
 
-#: struct tcp_info (linux/tcp.h) up to tcpi_total_retrans: 8 u8 then 24 u32.
-TCP_INFO_FMT = "8B24I"
-TCP_INFO_FIELDS = {"rtt_us": 8 + 15, "snd_cwnd": 8 + 18, "rcv_space": 8 + 22,
-                   "total_retrans": 8 + 23}
+#: struct tcp_info (linux/tcp.h, 4.10+) up to tcpi_snd_wnd: 8 u8, 24 u32, then the 64-bit
+#: counters and the chrono stats (tcpi_busy_time = all time with data to send; the rwnd and
+#: sndbuf parts of it: limited by the receiver's window, by our send buffer). Older kernels
+#: return a shorter struct: the missing fields read 0.
+TCP_INFO_FMT = "=8B24I4Q2I4IQ3Q2I2Q2I2I"
+TCP_INFO_FIELDS = {"rtt_us": 8 + 15, "snd_cwnd": 8 + 18, "snd_mss": 8 + 2, "rcv_space": 8 + 22,
+                   "total_retrans": 8 + 23, "notsent_bytes": 38, "min_rtt_us": 39,
+                   "busy_us": 43, "rwnd_limited_us": 44, "sndbuf_limited_us": 45,
+                   "bytes_sent": 48, "snd_wnd": 53}
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:
-    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, struct.calcsize(TCP_INFO_FMT))
-    vals = struct.unpack(TCP_INFO_FMT, raw)
+    size = struct.calcsize(TCP_INFO_FMT)
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, size)
+    vals = struct.unpack(TCP_INFO_FMT, raw.ljust(size, b"\0"))
     return {k: vals[i] for k, i in TCP_INFO_FIELDS.items()}
 
 
@@ -182,12 +188,13 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
     def med(key: str) -> float:
         return statistics.median(r[key] or 0.0 for r in rows)
 
-    tcp_retrans = {}
+    tcp_retrans, send_limits = {}, {}
     for d in ranks:
         if d["tcp"]:
             first, last = d["tcp"][0], d["tcp"][-1]
             tcp_retrans[d["rank"]] = {p: last[p]["total_retrans"] - first[p]["total_retrans"]
                                       for p in last}
+            send_limits[d["rank"]] = _send_limits(d, world)
     return {
         "world": world, "ops": len(ops), "ceiling_Bps": ceiling_bps,
         "period_ms_median": 1e3 * statistics.median(periods) if periods else None,
@@ -201,8 +208,34 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
         "dry_gap_ms_median": 1e3 * med("dry_gap"),
         "link_excess_ms_per_op": {k: [round(x, 2) for x in v] for k, v in excess.items()},
         "retransmits_during_trace": tcp_retrans,
+        "send_socket_during_trace": send_limits,
         "tcp_info_last": {d["rank"]: d["tcp"][-1] if d["tcp"] else {} for d in ranks},
     }
+
+
+def _send_limits(d: dict, world: int) -> dict:
+    """What held the rank's ring send socket back between the first and the last traced op
+    (kernel chrono stats, jiffy resolution: meaningful summed over many ops), as % of that
+    time, with the median RTT, congestion window and the receiver's window at op ends."""
+    nxt = str((d["rank"] + 1) % world)
+    infos = [i[nxt] for i in d["tcp"] if nxt in i]
+    starts = [t for t, kind, *_ in d["events"] if kind == "end"]
+    if len(infos) < 2 or len(starts) < 2:
+        return {}
+    span_us = 1e6 * (starts[-1] - starts[0])
+    first, last = infos[0], infos[-1]
+
+    def pct(key: str) -> float:
+        return round(100.0 * (last.get(key, 0) - first.get(key, 0)) / span_us, 1)
+
+    def med(key: str) -> float:
+        return statistics.median(i.get(key, 0) for i in infos)
+
+    return {"busy_pct": pct("busy_us"), "rwnd_limited_pct": pct("rwnd_limited_us"),
+            "sndbuf_limited_pct": pct("sndbuf_limited_us"), "rtt_us_median": med("rtt_us"),
+            "min_rtt_us": last.get("min_rtt_us", 0),
+            "cwnd_bytes_median": med("snd_cwnd") * last.get("snd_mss", 0),
+            "peer_window_bytes_median": med("snd_wnd")}
 
 
 def _write_summary(out: Path, summary: dict) -> None:

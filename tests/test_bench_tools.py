@@ -252,10 +252,20 @@ def test_timeline_summary_attributes_a_slow_link(tmp_path: Path) -> None:
                           (t0 + 1e-4, "recv", 1 - r, 0),
                           (t0 + 1e-4 + need + slow, "got", 1 - r, mb),
                           (t0 + 2e-4 + need + slow, "end", op, 0)]
+    # rank 0's send socket (to rank 1), TCP_INFO after each op: between its two op ends
+    # (103 ms: op 1 ended 3 ms late) it had data to send for 90 ms, 5 ms of them limited by
+    # the receiver's window
+    info = [{"1": {"busy_us": b, "rwnd_limited_us": w, "sndbuf_limited_us": 0, "rtt_us": 900,
+                   "snd_cwnd": 100, "snd_mss": 1448, "snd_wnd": 1 << 22, "total_retrans": 0}}
+            for b, w in ((10_000, 1_000), (100_000, 6_000))]
     for r, ev in traces.items():
         (tmp_path / f"rank{r}.json").write_text(
-            json.dumps({"rank": r, "world": 2, "events": ev, "tcp": []}))
+            json.dumps({"rank": r, "world": 2, "events": ev, "tcp": info if r == 0 else []}))
     s = timeline.summarize(tmp_path, bps)
+    limits = s["send_socket_during_trace"][0]
+    assert (limits["busy_pct"], limits["rwnd_limited_pct"]) == (round(9000 / 103, 1),
+                                                                 round(500 / 103, 1))
+    assert limits["cwnd_bytes_median"] == 144_800
     assert s["ops"] == 2 and s["world"] == 2
     assert math.isclose(s["before_first_send_us_median"], 100, rel_tol=1e-6)
     assert math.isclose(s["after_last_recv_us_median"], 100, rel_tol=1e-6)
