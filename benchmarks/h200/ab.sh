@@ -57,6 +57,7 @@ keys = ("period_ms_median", "ideal_ms", "before_first_send_us_median",
 print("   ", " ".join(f"{k}={d[k]:.2f}" for k in keys))
 print("    link excess ms per op:", {k: v for k, v in d["link_excess_ms_per_op"].items()})
 print("    retransmits:", d["retransmits_during_trace"])
+print("    send sockets:", d.get("send_socket_during_trace"))
 PYEOF
     done
 done

@@ -141,7 +141,9 @@ stage_vit() {
 }
 
 stage_suite() {
-    run suite 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests
+    # -v and --durations: the log names every test that finished and the slowest ones, so a
+    # test still running when the limit fires is the one missing from it
+    run suite 240 "$PY" -m pytest -v -p no:cacheprovider -n 8 --durations=25 tests
 }
 
 STAGES=("$@")
