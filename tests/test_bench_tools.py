@@ -272,3 +272,21 @@ def test_timeline_summary_attributes_a_slow_link(tmp_path: Path) -> None:
     assert math.isclose(s["ideal_ms"], 1e3 * need, rel_tol=1e-6)
     assert [round(x, 6) for x in s["link_excess_ms_per_op"]["0->1"]] == [0.0, 0.0]
     assert [round(x, 6) for x in s["link_excess_ms_per_op"]["1->0"]] == [0.0, 3.0]
+
+
+def test_overlap_bound_on_hand_computed_pipelines() -> None:
+    """benchmarks/overlap.py's hidden_bound: bucket i's all-reduce starts once it is ready and
+    the previous one is done; what runs past the end of compute is exposed."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import overlap
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    # two equal buckets, compute = comm = 2: the second all-reduce ends at 3, 1 of 2 exposed
+    assert overlap.hidden_bound([1, 1], 2.0, 2.0) == 0.5
+    # twice the compute: only the last bucket's all-reduce (1 of 2) is left exposed
+    assert overlap.hidden_bound([1, 1], 4.0, 2.0) == 0.5
+    # a big bucket just before a small last one: its all-reduce runs past the compute
+    assert overlap.hidden_bound([3, 1], 4.0, 4.0) == 0.25
+    # no compute at all hides nothing
+    assert overlap.hidden_bound([1, 2, 3], 0.0, 1.0) == 0.0

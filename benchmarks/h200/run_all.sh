@@ -92,7 +92,8 @@ stage_overlap() {
 
 stage_overlap1g() {
     # The same step on 4 emulated hosts with 1 Gbit links (issue #5's setting): the gradients
-    # scaled by 0.1 (45 MB), so a 1 Gbit all-reduce takes what the full 454 MB take at 10 GbE.
+    # scaled by 0.1 (45 MB), so a 1 Gbit all-reduce takes what the full 454 MB take at 10 GbE;
+    # compute calibrated to overlap.py's default ratio (the published system's, estimated).
     need_ip
     local d
     for d in cuda cpu; do
