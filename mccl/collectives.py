@@ -143,8 +143,30 @@ def reduce_scatter(ch: Channel, out: torch.Tensor, inputs: list[torch.Tensor], o
         out.reshape(-1).copy_(work)
 
 
+def reduce_scatter_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor, op: Op,
+                        scratch: Scratch) -> None:
+    """``reduce_scatter`` of one flat input holding every rank's part in rank order: one
+    numpy view cut in numpy (cheaper per op than a torch slice and view per rank)."""
+    up = UPCAST.get(out.dtype)
+    if up is not None:
+        src = inp.reshape(-1).to(up).numpy()
+        work = torch.empty(out.numel(), dtype=up)
+    else:
+        src = as_array(inp)
+        work = out.reshape(-1)
+    fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
+    ring.reduce_scatter(ch, _segments(src, ch.size), work.numpy(), fn, fin, scratch)
+    if up is not None:
+        out.reshape(-1).copy_(work)
+
+
 def all_gather(ch: Channel, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
     ring.all_gather(ch, [as_bytes(o) for o in outs], as_bytes(inp))
+
+
+def all_gather_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor) -> None:
+    """``all_gather`` into one flat output holding every rank's part in rank order."""
+    ring.all_gather(ch, _segments(as_bytes(out), ch.size), as_bytes(inp))
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

@@ -330,14 +330,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
         sig = signature(Kind.ALL_GATHER, inp.dtype, count=output.numel())
-        n = inp.numel()
-
-        def body(ch, h):
-            flat = h[0].reshape(-1)
-            coll.all_gather(ch, [flat[i * n:(i + 1) * n] for i in range(w)], h[1])
-
-        return self._submit(op_name, sig, body, [output, inp], [False, True], [True, False],
-                            [output], opts=opts)
+        return self._submit(op_name, sig, lambda ch, h: coll.all_gather_flat(ch, h[0], h[1]),
+                            [output, inp], [False, True], [True, False], [output], opts=opts)
 
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_flat("all_gather_into_tensor", output, input, opts)
@@ -424,15 +418,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
         scratch = self._engine.scratch
-        n = output.numel()
-
-        def body(ch, h):
-            flat = h[1].reshape(-1)
-            coll.reduce_scatter(ch, h[0], [flat[i * n:(i + 1) * n] for i in range(w)], redop,
-                                scratch)
-
-        return self._submit(op_name, sig, body, [output, input], [False, True], [True, False],
-                            [output], opts=opts, device=device)
+        return self._submit(op_name, sig,
+                            lambda ch, h: coll.reduce_scatter_flat(ch, h[0], h[1], redop, scratch),
+                            [output, input], [False, True], [True, False], [output], opts=opts,
+                            device=device)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)

@@ -14,7 +14,7 @@ SIZES="${SIZES:-1M,4M,16M,64M,256M}"
 WORLDS="${WORLDS:-4 8}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
-mkdir -p "$RES"
+mkdir -p "$RES" "$OUTDIR"
 if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
     # shellcheck source=/dev/null
     . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >"$RES/iproute2.log" 2>&1
