@@ -6,7 +6,7 @@ Each function takes the op's Channel and host (CPU) tensors and picks the algori
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,6 +22,14 @@ SMALL_BYTES = 128 << 10
 #: The same switch for broadcast (binomial tree vs pipelined chain): the tree's root sends
 #: log2(n) full copies, so the chain wins from 16-32 KiB on 1 Gbit, and loopback from ~2 MiB.
 BROADCAST_SMALL_BYTES = 64 << 10
+
+
+class SegmentIO(Protocol):
+    """What a staged hand-off offers a collective that copies range by range."""
+
+    def wait_range(self, i: int) -> None: ...
+
+    def copy_back(self, i: int) -> None: ...
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
@@ -71,15 +79,32 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
     red.commit()
 
 
-def all_reduce_pieces(ch: Channel, pieces: Iterable[tuple[torch.Tensor, Callable[[], None]]],
-                      op: Op, scratch: Scratch) -> None:
-    """All-reduce of a staged tensor piece by piece (``StagingHandoff.pieces``): each piece is
-    its own exchange, run once its copy to the host landed, and its copy back starts before the
-    next one. Every rank cuts the same pieces (by total size), so the exchanges line up; each
-    element is in one piece, so AVG divides once and half types round once."""
-    for host, copy_back in pieces:
-        all_reduce(ch, host, op, scratch)
-        copy_back()
+def all_reduce_staged(ch: Channel, t: torch.Tensor, io: SegmentIO, op: Op,
+                      scratch: Scratch) -> None:
+    """All-reduce of a host tensor whose device copies run range by range
+    (``ring.segment_ranges`` order, ``StagingHandoff.pipeline``): the ring waits for a
+    segment's copy in just before it first reads it and starts its copy back as soon as it is
+    final, so the copies overlap the exchange. Half types reduce in float32 per segment and
+    round once, as in ``all_reduce``; the ring runs whatever the size (every rank stages the
+    same sizes, and the threshold for staging is far above the doubling switch)."""
+    w, r = ch.size, ch.rank
+    flat = t.reshape(-1)
+    up = UPCAST.get(t.dtype)
+    work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
+    offs = split(flat.numel(), w)
+
+    def ready(s: int) -> None:
+        io.wait_range((r - 1 - s) % w)
+        if up is not None:
+            work[offs[s]:offs[s + 1]].copy_(flat[offs[s]:offs[s + 1]])
+
+    def final(s: int) -> None:
+        if up is not None:
+            flat[offs[s]:offs[s + 1]].copy_(work[offs[s]:offs[s + 1]])
+        io.copy_back((r - 1 - s) % w)
+
+    ring.all_reduce(ch, work.numpy(), reducer(op, work.dtype), finisher(op, w), scratch,
+                    ready=ready, final=final)
 
 
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:

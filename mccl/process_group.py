@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from . import collectives as coll
 from . import config
+from .algorithms.ring import segment_ranges
 from .device import Adapter, adapter_for
 from .engine import Engine, Job
 from .errors import CollectiveError
@@ -211,22 +212,24 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True, opts=None, piecewise=None,
+                collective: bool = True, opts=None, segmented=None,
                 device: torch.device | None | object = _UNCHECKED) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
-        (spares validating them twice); checked here if not given."""
+        (spares validating them twice); checked here if not given. ``segmented(ch, hosts,
+        io)``: the body to run instead when a staged hand-off copies the one tensor range by
+        range in the ring's segment order (all-reduce only)."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
         handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
-        # A staged hand-off may cut a large tensor in pieces so its device copies overlap the
-        # exchange; ``piecewise(ch, pieces)`` is then the body (CPU hand-offs have no pipeline).
-        pipeline = getattr(handoff, "pipeline", None) if piecewise is not None else None
-        if pipeline is not None and pipeline():
-            pieces = handoff.pieces
-            body = lambda ch, h: piecewise(ch, pieces())
+        # A staged hand-off may copy a large tensor range by range so its device copies
+        # overlap the exchange (CPU hand-offs have no pipeline).
+        pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
+        if pipeline is not None and pipeline(
+                segment_ranges(tensors[0].numel(), self.size(), self.rank())):
+            body = lambda ch, h: segmented(ch, h, handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective)
@@ -256,7 +259,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
                             [t], [True], [True], [t], opts=opts, device=device,
-                            piecewise=lambda ch, ps: coll.all_reduce_pieces(ch, ps, redop, scratch))
+                            segmented=lambda ch, h, io: coll.all_reduce_staged(ch, h[0], io, redop,
+                                                                               scratch))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"

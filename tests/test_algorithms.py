@@ -91,6 +91,39 @@ def test_all_reduce(world: int, n: int, algo: str) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
+@pytest.mark.parametrize("n", [1, 5, 1234])
+def test_ring_all_reduce_segment_hooks(world: int, n: int) -> None:
+    """ready(s) comes before segment s is first read (it holds NaN until then), each segment
+    once in segment_ranges' order; final(s) comes once s holds its result, which never changes
+    afterwards, in the order the ring completes segments (its own first, then as received)."""
+    fn, want = reducer(Op.SUM, torch.float64), sum(data(r, n) for r in range(world))
+    offs = split(n, world)
+
+    def body(ch):
+        r, real = ch.rank, data(ch.rank, n)
+        buf = np.full(n, np.nan)
+        readies, finals = [], []
+
+        def ready(s: int) -> None:
+            readies.append(s)
+            buf[offs[s]:offs[s + 1]] = real[offs[s]:offs[s + 1]]
+
+        def final(s: int) -> None:
+            finals.append((s, buf[offs[s]:offs[s + 1]].copy()))
+
+        ring.all_reduce(ch, buf, fn, None, Scratch(), ready=ready, final=final)
+        assert [ring.segment_ranges(n, world, r)[i] for i in range(world)] == [
+            (offs[s], offs[s + 1]) for s in readies]
+        assert [s for s, _ in finals] == [(r - i) % world for i in range(world)]
+        for s, seen in finals:
+            np.testing.assert_array_equal(seen, buf[offs[s]:offs[s + 1]])
+        return buf
+
+    for got in run_all(world, body):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("n", [0, 1, 5, 1234])
 def test_reduce_scatter_out_of_place(world: int, n: int) -> None:

@@ -102,21 +102,22 @@ def test_collectives_and_p2p_on_cuda_tensors() -> None:
     assert all(run_ranks(_ops, 2, timeout=180))
 
 
-def _pieces(rank: int, world: int) -> bool:
+def _ranged(rank: int, world: int) -> bool:
     import torch.distributed as dist
 
+    from mccl import collectives
     from mccl.device import staging
 
     dev = _dev(rank)
     torch.cuda.set_device(dev)
     calls: list[int] = []
-    orig = staging.StagingHandoff.pieces
+    orig = collectives.all_reduce_staged
 
-    def counted(self):
-        calls.append(len(self._offs) - 1)  # pieces of this op
-        return orig(self)
+    def counted(ch, t, io, op, scratch):
+        calls.append(t.numel())  # this op ran with range-by-range copies
+        return orig(ch, t, io, op, scratch)
 
-    staging.StagingHandoff.pieces = counted  # type: ignore[method-assign]
+    collectives.all_reduce_staged = counted
     SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
 
     def check(n: int, dtype: torch.dtype, op, future: bool = False) -> None:
@@ -137,23 +138,23 @@ def _pieces(rank: int, world: int) -> bool:
             want = want / world
         assert torch.equal(got, want.to(dtype)), (n, dtype, op, future)
 
-    shipped = staging.PIECE_MIN_BYTES, staging.PIECE_BYTES
-    staging.PIECE_MIN_BYTES, staging.PIECE_BYTES = 1 << 20, 1 << 20  # test hook: ~1 MiB pieces
-    check(100_000, torch.float32, SUM)  # below the threshold: one piece
+    shipped = staging.PIPELINE_MIN_BYTES
+    staging.PIPELINE_MIN_BYTES = 1 << 20  # test hook: ranges from 1 MiB
+    check(100_000, torch.float32, SUM)  # below the threshold: whole copies
     assert calls == []
     check(3_000_001, torch.float32, SUM)
     check(3_000_001, torch.float32, AVG, future=True)
     check(1_500_001, torch.float16, SUM)
     check(1_000_003, torch.bfloat16, AVG, future=True)
-    assert calls == [12, 12, 3, 2]
-    staging.PIECE_MIN_BYTES, staging.PIECE_BYTES = shipped
-    check(24_000_001, torch.float32, SUM)  # 96 MB with the shipped sizes
-    assert calls[-1] == staging.piece_count(24_000_001 * 4) >= 2
+    assert calls == [3_000_001, 3_000_001, 1_500_001, 1_000_003]
+    staging.PIPELINE_MIN_BYTES = shipped
+    check(24_000_001, torch.float32, SUM)  # 96 MB with the shipped threshold
+    assert calls[-1] == 24_000_001
     return True
 
 
-def test_pieced_all_reduce_on_cuda_tensors() -> None:
-    assert all(run_ranks(_pieces, 2, timeout=240))
+def test_ranged_all_reduce_on_cuda_tensors() -> None:
+    assert all(run_ranks(_ranged, 2, timeout=240))
 
 
 def _ddp(rank: int, world: int) -> list:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 import torch
 
+from mccl.algorithms.base import split
+from mccl.algorithms.ring import segment_ranges
 from mccl.bench.spawn import run_ranks
 from mccl.device import staging
 from mccl.device.cpu import CpuAdapter
-from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff, piece_count
+from mccl.device.staging import HostOps, HostPool, StagingAdapter, StagingHandoff
 from tests.device_fakes import FakeAsyncOps, FakeEvent, install_fake_staging, slow_fill
 from tests.threads import on_thread
 
@@ -169,20 +172,21 @@ def test_synchronous_host_ops_stage_correctly() -> None:
     assert torch.equal(t, -torch.arange(6.0)) and h.gate() is None
 
 
-# ---- pieces: a large all-reduce's copies overlap its exchange ----
+# ---- ranges: a large all-reduce's copies overlap its exchange ----
 
-def _small_pieces(monkeypatch, min_bytes: int = 1 << 10, piece: int = 1 << 10) -> None:
-    """Test hook: lower the piece thresholds instead of staging huge tensors."""
-    monkeypatch.setattr(staging, "PIECE_MIN_BYTES", min_bytes)
-    monkeypatch.setattr(staging, "PIECE_BYTES", piece)
+def _small_ranges(monkeypatch, min_bytes: int = 1 << 10) -> None:
+    """Test hook: lower the pipelining threshold instead of staging huge tensors."""
+    monkeypatch.setattr(staging, "PIPELINE_MIN_BYTES", min_bytes)
 
 
-def test_piece_count_depends_on_the_size_only() -> None:
-    lo, p = staging.PIECE_MIN_BYTES, staging.PIECE_BYTES
-    assert piece_count(0) == piece_count(lo) == 1
-    assert piece_count(lo + 1) == 2  # just above the threshold: at least two pieces
-    assert piece_count(4 * p) == 4 and piece_count(4 * p + 1) == 5
-    assert piece_count(256 << 20) == -(-(256 << 20) // p)
+@pytest.mark.parametrize("n,w", [(0, 1), (10, 1), (1001, 4), (7, 3), (3, 5), (1 << 20, 8)])
+def test_segment_ranges_tile_the_buffer_in_the_rings_order(n: int, w: int) -> None:
+    for r in range(w):
+        ranges = segment_ranges(n, w, r)
+        assert sorted(ranges) == [(a, b) for a, b in pairwise(split(n, w))]  # a tiling
+        offs = split(n, w)
+        # range 0 is what the rank sends first, then each reduce-scatter step's segment
+        assert ranges == [(offs[(r - 1 - i) % w], offs[(r - 1 - i) % w + 1]) for i in range(w)]
 
 
 def _produce(ops: FakeAsyncOps, t: torch.Tensor, value: torch.Tensor, delay: float = 0.05):
@@ -195,38 +199,41 @@ def _produce(ops: FakeAsyncOps, t: torch.Tensor, value: torch.Tensor, delay: flo
     ops.current.enqueue(run)
 
 
-def test_pieces_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) -> None:
-    _small_pieces(monkeypatch)
+def test_ranges_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) -> None:
+    _small_ranges(monkeypatch)
     adapter, ops = _adapter(copy_delay=0.01)
-    n = 1001  # 4004 bytes: 4 pieces of 250-251 elements
+    n = 1001
     t = torch.zeros(n)
     want = torch.arange(float(n))
     _produce(ops, t, want)  # still running at prepare: acquire must wait for the marker (O1)
     h = adapter.prepare([t], [True], [True])
-    assert h.pipeline()
+    ranges = [(500, 1001), (0, 250), (250, 500)]  # any tiling, in the order the body uses it
+    assert h.pipeline(ranges)
 
     def comm() -> list:
-        h.acquire()
-        assert [d for d, _ in ops.copies] == ["out"] * 4  # every copy out enqueued up front
+        host = h.acquire()[0].view(-1)
+        assert [d for d, _ in ops.copies] == ["out"] * 3  # every copy out enqueued up front
         outs = list(ops.fences)
-        assert len(outs) == 4  # one fence per piece, none waited by acquire
+        assert len(outs) == 3  # one fence per range, none waited by acquire
         log, got = [], []
-        for i, (piece, copy_back) in enumerate(h.pieces()):
-            assert [f.syncs for f in outs] == [1] * (i + 1) + [0] * (3 - i)
-            got.append(piece.clone())
-            piece.mul_(2)
-            copy_back()
+        for i, (a, b) in enumerate(ranges):
+            h.wait_range(i)
+            assert [f.syncs for f in outs] == [1] * (i + 1) + [0] * (2 - i)
+            got.append(host[a:b].clone())
+            host[a:b].mul_(2)
+            h.copy_back(i)
+            h.copy_back(i)  # once per range
             log.append([d for d, _ in ops.copies])
         h.release()
         return [log, got]
 
     log, got = on_thread(comm)
-    assert torch.equal(torch.cat(got), want)  # pieces tile the tensor, each copied before use
-    assert [len(g) for g in got] == [250, 250, 250, 251]
-    for i, seen in enumerate(log):  # piece i's copy back is enqueued before piece i+1 runs
-        assert seen == ["out"] * 4 + ["back"] * (i + 1)
+    for (a, b), g in zip(ranges, got, strict=True):  # each range copied before its use
+        assert torch.equal(g, want[a:b])
+    for i, seen in enumerate(log):  # range i's copy back is enqueued before range i+1 runs
+        assert seen == ["out"] * 3 + ["back"] * (i + 1)
     assert {th for _, th in ops.copies} == {"comm"}  # O3: copies only from the comm thread
-    assert len(ops.fences) == 5  # ... and one completion fence, recorded after the last
+    assert len(ops.fences) == 4  # ... and one completion fence, recorded after the last
     gate = h.gate()
     assert gate is not None
     gate()  # the consumer's stream waits for the completion fence (O2)
@@ -236,40 +243,42 @@ def test_pieces_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
     assert torch.equal(seen[0], 2 * want)
 
 
-def test_release_copies_back_the_pieces_not_handed_back(monkeypatch) -> None:
-    _small_pieces(monkeypatch)
+def test_release_copies_back_the_ranges_not_copied_back(monkeypatch) -> None:
+    _small_ranges(monkeypatch)
     adapter, ops = _adapter(copy_delay=0.005)
     t = torch.arange(777.0)
     h = adapter.prepare([t], [True], [True])
-    assert h.pipeline()
+    ranges = segment_ranges(777, 3, 1)
+    assert h.pipeline(ranges)
 
     def comm() -> None:
-        h.acquire()
-        for i, (piece, copy_back) in enumerate(h.pieces()):
-            piece.neg_()
-            if i == 0:
-                copy_back()
+        host = h.acquire()[0].view(-1)
+        for i, (a, b) in enumerate(ranges):
+            h.wait_range(i)
+            host[a:b].neg_()
+        h.copy_back(1)
         h.release()
 
     on_thread(comm)
-    assert [d for d, _ in ops.copies].count("back") == piece_count(777 * 4)
+    assert [d for d, _ in ops.copies].count("back") == 3
     h.gate()()
     ops.current.synchronize()
     assert torch.equal(t, -torch.arange(777.0))
 
 
 def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatch) -> None:
-    _small_pieces(monkeypatch)
+    _small_ranges(monkeypatch)
     adapter, _ = _adapter()
     big, small = torch.ones(1000), torch.ones(10)
-    assert not adapter.prepare([small], [True], [True]).pipeline()  # below the threshold
-    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline()
-    assert not adapter.prepare([big], [True], [False]).pipeline()
-    assert not adapter.prepare([big], [False], [True]).pipeline()
-    # a one-stream device (MPS staging) copies out on the caller before the marker: one piece
+    whole = [(0, 1000)]
+    assert not adapter.prepare([small], [True], [True]).pipeline([(0, 10)])  # below it
+    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline(whole)
+    assert not adapter.prepare([big], [True], [False]).pipeline(whole)
+    assert not adapter.prepare([big], [False], [True]).pipeline(whole)
+    # a one-stream device (MPS staging) copies out on the caller before the marker: no ranges
     adapter, ops = _adapter(copy_out_on_caller=True)
     h = adapter.prepare([big], [True], [True])
-    assert not h.pipeline()
+    assert not h.pipeline(whole)
     on_thread(lambda: (h.acquire()[0].mul_(3), h.release()))
     ops.current.synchronize()
     assert torch.equal(big, torch.full((1000,), 3.0))
@@ -277,45 +286,21 @@ def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatc
     assert not hasattr(CpuAdapter().prepare([big], [True], [True]), "pipeline")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
-def test_pieces_of_odd_sizes_and_dtypes_tile_the_tensor(monkeypatch, dtype) -> None:
-    _small_pieces(monkeypatch)
-    adapter, ops = _adapter(copy_delay=0.001)
-    t = (torch.arange(1237) % 100).to(dtype)
-    h = adapter.prepare([t], [True], [True])
-    assert h.pipeline()
-
-    def comm() -> list[int]:
-        h.acquire()
-        sizes = []
-        for piece, copy_back in h.pieces():
-            assert piece.dtype == dtype
-            sizes.append(piece.numel())
-            piece.add_(1)
-            copy_back()
-        h.release()
-        return sizes
-
-    sizes = on_thread(comm)
-    assert sum(sizes) == 1237 and len(sizes) == piece_count(1237 * t.element_size())
-    assert max(sizes) - min(sizes) <= 1
-    ops.side.synchronize()
-    assert torch.equal(t, (torch.arange(1237) % 100 + 1).to(dtype))
-
-
 def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
-    _small_pieces(monkeypatch)
+    _small_ranges(monkeypatch)
     adapter, ops = _adapter(copy_delay=0.002)
+    ranges = segment_ranges(600, 2, 0)
     for i in range(4):
         t = torch.full((600,), float(i))
         h = adapter.prepare([t], [True], [True])
-        assert h.pipeline()
+        assert h.pipeline(ranges)
 
         def comm(h: StagingHandoff = h) -> None:
-            h.acquire()
-            for piece, copy_back in h.pieces():
-                piece.add_(1)
-                copy_back()
+            host = h.acquire()[0].view(-1)
+            for j, (a, b) in enumerate(ranges):
+                h.wait_range(j)
+                host[a:b].add_(1)
+                h.copy_back(j)
             h.release()
 
         on_thread(comm)
@@ -378,19 +363,17 @@ def test_collectives_end_to_end_through_fake_staging(on_caller: bool) -> None:
     assert all(r.startswith("allocs=") for r in res)
 
 
-def _pieced_all_reduce_through_fake_staging(rank: int, world: int) -> str:
+def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
     import torch.distributed as dist
 
     from mccl import collectives
 
-    # test hook in the rank process: pieces just above the doubling switch (each runs the
-    # ring) for the large sizes, ~40 KB pieces (doubling) for the mid ones
-    staging.PIECE_MIN_BYTES = 32 << 10
-    staging.PIECE_BYTES = collectives.SMALL_BYTES + (16 << 10)
+    # test hook in the rank process: stage range by range from just above the doubling switch
+    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
     adapter = install_fake_staging(False)
     ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
 
-    def check(n: int, dtype: torch.dtype, op, vals, pieced: bool = True) -> None:
+    def check(n: int, dtype: torch.dtype, op, vals) -> None:
         t = torch.zeros(n, dtype=dtype)
         _produce(ops, t, vals(rank).to(dtype), delay=0.02)
         outs = [d for d, _ in ops.copies].count("out")
@@ -405,18 +388,18 @@ def _pieced_all_reduce_through_fake_staging(rank: int, world: int) -> str:
         else:
             want = sum(vals(r).to(dtype) for r in range(world))
         assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
-        pieces = piece_count(n * t.element_size())
-        assert (pieces > 1) == pieced
-        assert [d for d, _ in ops.copies].count("out") - outs == pieces, (n, dtype)
+        ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES
+        copies = [d for d, _ in ops.copies].count("out") - outs
+        assert copies == (world if ranged else 1), (n, dtype, copies)
 
     SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
     ints = lambda r: torch.arange(70_001) % 1000 * (r + 1) + r  # noqa: E731
-    check(5_000, torch.float32, SUM, lambda r: torch.arange(5_000) * (r + 1), pieced=False)
-    check(70_001, torch.float32, SUM, ints)  # 280 KB: ring per piece
+    check(5_000, torch.float32, SUM, lambda r: torch.arange(5_000) * (r + 1))  # whole copies
+    check(70_001, torch.float32, SUM, ints)  # 280 KB: ranges
     check(70_001, torch.float32, AVG, ints)
-    check(40_001, torch.float16, SUM, lambda r: torch.arange(40_001) % 7 * 0.5 * (r + 1))
-    check(40_001, torch.bfloat16, AVG, lambda r: torch.arange(40_001) % 5 * (r + 1.0))
-    check(9_999, torch.int64, SUM, lambda r: torch.arange(9_999) * (r + 1))
+    check(90_001, torch.float16, SUM, lambda r: torch.arange(90_001) % 7 * 0.5 * (r + 1))
+    check(90_001, torch.bfloat16, AVG, lambda r: torch.arange(90_001) % 5 * (r + 1.0))
+    check(40_003, torch.int64, SUM, lambda r: torch.arange(40_003) * (r + 1))
     allocs = ops.host_allocs
     for _ in range(3):
         check(70_001, torch.float32, SUM, ints)
@@ -424,5 +407,6 @@ def _pieced_all_reduce_through_fake_staging(rank: int, world: int) -> str:
     return "ok"
 
 
-def test_pieced_all_reduce_end_to_end_through_fake_staging() -> None:
-    assert run_ranks(_pieced_all_reduce_through_fake_staging, 3) == ["ok"] * 3
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranged_all_reduce_end_to_end_through_fake_staging(world: int) -> None:
+    assert run_ranks(_ranged_all_reduce_through_fake_staging, world) == ["ok"] * world

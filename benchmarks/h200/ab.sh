@@ -38,16 +38,18 @@ for n in $WORLDS; do
     bench gloo "$n" gloo ""
     for v in "$@"; do bench "${v%%:*}" "$n" mccl "${v#*:}"; done
 done
-# Timelines: TL_VARIANTS "name:spec ..." (default: the defaults only) x TL_SIZES at 4 hosts.
+# Timelines: TL_VARIANTS "name:spec ..." (default: the defaults only) x TL_RUNS "op:size ..."
+# at 4 hosts.
 for v in ${TL_VARIANTS:-base:}; do
-    for s in ${TL_SIZES:-1M 64M}; do
+    for run in ${TL_RUNS:-all_reduce:1M all_reduce:64M}; do
+        op=${run%%:*} s=${run#*:}
         lim=$(left); [ "$lim" -gt 90 ] && lim=90
         [ "$lim" -lt 20 ] && break 2
-        out="$RES/timeline-${v%%:*}-$s"
+        out="$RES/timeline-${v%%:*}-$op-$s"
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
             timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
-            --rate 10gbit --size "$s" --reps 12 --out "$out" >"$out.log" 2>&1
-        echo "timeline ${v%%:*} $s:" >>"$RES/summary.txt"
+            --rate 10gbit --op "$op" --size "$s" --reps 12 --out "$out" >"$out.log" 2>&1
+        echo "timeline ${v%%:*} $op $s:" >>"$RES/summary.txt"
         "$PY" - "$out/summary.json" >>"$RES/summary.txt" 2>&1 <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -96,7 +96,7 @@ stage_overlap1g() {
     # compute calibrated to overlap.py's default ratio (the published system's, estimated).
     need_ip
     local d
-    for d in cuda cpu; do
+    for d in ${OVERLAP_DEVICES:-cuda cpu}; do
         run "overlap1g_$d" 200 "$PY" benchmarks/overlap.py --device "$d" --world 4 \
             --scale 0.1 --cluster --rate 1gbit --steps 6 --warmup 1 \
             --json "$RES/overlap1g_$d.json" --png "$RES/overlap1g_$d.png"

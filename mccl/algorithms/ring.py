@@ -16,15 +16,28 @@ from .base import (
     Finisher,
     Reducer,
     Scratch,
+    SegmentHook,
     chunk_count,
     chunks,
     split,
 )
 
 
+def segment_ranges(n: int, w: int, r: int) -> list[tuple[int, int]]:
+    """Element ranges of ``all_reduce``'s segments on rank ``r`` in the order it first touches
+    them (its first send, then each reduce-scatter step): range i is segment (r - 1 - i) % w."""
+    offs = split(n, w)
+    return [(offs[(r - 1 - i) % w], offs[(r - 1 - i) % w + 1]) for i in range(w)]
+
+
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
-               scratch: Scratch, chunk_bytes: int | None = None) -> None:
-    """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline."""
+               scratch: Scratch, chunk_bytes: int | None = None,
+               ready: SegmentHook = None, final: SegmentHook = None) -> None:
+    """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline.
+
+    ``ready(s)`` is called before segment s is first read, ``final(s)`` once it holds the
+    result (a staged hand-off copies segments in and out there, overlapping the exchange).
+    """
     w, r = ch.size, ch.rank
     if w == 1:
         if finish is not None:
@@ -44,6 +57,8 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
             p = pieces[seg] = chunks(buf[offs[seg]:offs[seg + 1]], k)
         return p
 
+    if ready is not None:
+        ready(prv)
     for c in cut(prv):
         if c.size:
             ch.send(nxt, c)
@@ -52,6 +67,8 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     steps += [((r - s - 1) % w, False) for s in range(w - 1)]
     last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
+        if red and ready is not None:
+            ready(seg)
         for c in cut(seg):
             if not c.size:
                 continue
@@ -65,6 +82,8 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
                 ch.recv(prv, c)
             if i < last:
                 ch.send(nxt, c)
+        if i >= last_reduce and final is not None:
+            final(seg)  # reduced here (the last reduce-scatter step) or received final
     ch.flush()
 
 

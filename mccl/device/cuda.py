@@ -9,8 +9,9 @@ hand-off on (an H200 here), and the same staging logic serves MPS without the sh
 * comm thread: ``event.synchronize()`` (that event only, never the device), device -> pinned
   host copies on the side stream, ring on the host copies, host -> device copies on the side
   stream, completion event; it never enqueues on the caller's stream (O3). A large all-reduce
-  runs in pieces (``StagingHandoff.pipeline``): all copies out enqueued up front with an event
-  each, piece i's ring waits on its event only, its copy back overlaps piece i+1's ring.
+  copies range by range (``StagingHandoff.pipeline``): every ring segment's copy out enqueued
+  up front with an event each, in the order the ring needs them; the ring waits on a segment's
+  event just before it first reads it and enqueues its copy back once it is final.
 * ``Work.wait()`` makes the waiter's current stream wait on the completion event, and the
   Future is completed inside the side stream's context so ``Future(devices=[dev])`` records
   its own event there: ``fut.wait()``/``then`` (DDP's reducer) sync the same way. Neither

@@ -16,22 +16,23 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
   ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
 
-Pieces (all-reduce of one large tensor, where the comm thread does the copies): ``pipeline()``
-on the caller's thread cuts the tensor into :func:`piece_count` pieces. ``acquire`` then
-enqueues every piece's device -> host copy up front, each followed by its own fence, and waits
-for none of them; ``pieces()`` yields ``(host slice, copy_back)`` in order, waiting only for
-that piece's fence; ``copy_back()`` enqueues that piece's host -> device copy, so it overlaps
-the next piece's exchange. ``release`` copies back any piece not handed back yet and records
-``done`` after the last, exactly as without pieces (gate, Future and pool fencing unchanged).
+Ranges (all-reduce of one large tensor, where the comm thread does the copies): ``pipeline``
+on the caller's thread takes the element ranges of the tensor in the order the collective first
+needs them (the ring's segments, ``ring.segment_ranges``). ``acquire`` then enqueues every
+range's device -> host copy in that order, each followed by its own fence, and waits for none
+of them; the body calls ``wait_range(i)`` before it first touches range i (that range's fence
+only) and ``copy_back(i)`` once range i holds its result, which enqueues its host -> device
+copy at once, so it overlaps the rest of the exchange. Only the first copy out and the last
+copy back are not hidden. ``release`` copies back any range not copied back yet and records
+``done`` after the last, exactly as without ranges (gate, Future and pool fencing unchanged).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from itertools import pairwise
 from typing import Protocol
 
 import torch
@@ -42,20 +43,10 @@ log = logging.getLogger("mccl.device")
 POOL_MAX_BYTES = 2 << 30
 #: Buffers of one size a pool keeps (an op holds its buffers only while it runs).
 POOL_PER_SIZE = 4
-#: Staged all-reduces above this many bytes run in pieces; below it the two whole copies
-#: (~0.75 ms each for 16 MB on an H200) cost about what a piece boundary's ring drain costs.
-PIECE_MIN_BYTES = 16 << 20
-#: Target piece size: each boundary costs a ring drain (~1-2 chunk times), the first copy out
-#: and the last copy back stay exposed; ~64 MB balances the two for 256 MB on 10 Gbit.
-PIECE_BYTES = 64 << 20
-
-
-def piece_count(nbytes: int) -> int:
-    """Pieces a staged all-reduce of ``nbytes`` runs in: a function of the size only, so every
-    rank cuts the same pieces (read at call time: tests lower the constants)."""
-    if nbytes <= PIECE_MIN_BYTES:
-        return 1
-    return max(2, -(-nbytes // PIECE_BYTES))
+#: Staged all-reduces of at least this many bytes copy range by range (see the module
+#: docstring): each range costs a fence and its waits (tens of microseconds of Python), while
+#: the whole copies it hides take ~0.2 ms per 4 MB each way on an H200 (not tuned further).
+PIPELINE_MIN_BYTES = 4 << 20
 
 
 class Fence(Protocol):
@@ -164,31 +155,33 @@ class StagingHandoff:
         self._bufs: list[torch.Tensor | None] = []
         self._done: Fence | None = None
         self._out_fence: Fence | None = None
-        self._offs: list[int] | None = None  # element offsets of the pieces (pipeline())
-        self._piece_fences: list[Fence | None] = []
-        self._backs = 0  # pieces whose copy back is enqueued
+        self._ranges: list[tuple[int, int]] | None = None  # element ranges (pipeline())
+        self._range_fences: list[Fence | None] = []
+        self._backed: list[bool] = []  # ranges whose copy back is enqueued
         if ops.copy_out_on_caller:
             self._stage_out()
         self._ready = ops.ready()
 
-    def pipeline(self) -> bool:
-        """Caller's thread, before submission: run the one read-and-written tensor in pieces
-        (see the module docstring) if it is large enough and the comm thread does the copies.
-        True: the body must consume :meth:`pieces` (``acquire`` no longer waits for the data)."""
+    def pipeline(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Caller's thread, before submission: stage the one read-and-written tensor range by
+        range if it is large enough and the comm thread does the copies. ``ranges`` are element
+        ranges of its flat view that tile it, in the order the body first needs them. True:
+        the body must call :meth:`wait_range` before it touches a range (``acquire`` no longer
+        waits for the data) and may call :meth:`copy_back` once a range is final."""
         if (self.ops.copy_out_on_caller or self.hosts is not None or len(self.tensors) != 1
                 or not (self.reads[0] and self.writes[0])):
             return False
         t = self.tensors[0]
-        n = piece_count(t.numel() * t.element_size())
-        if n < 2:
+        if t.numel() * t.element_size() < PIPELINE_MIN_BYTES:
             return False
-        self._offs = [t.numel() * i // n for i in range(n + 1)]
+        self._ranges = list(ranges)
+        self._backed = [False] * len(self._ranges)
         return True
 
     def _stage_out(self) -> None:
         """Take host buffers and enqueue the device -> host copies of the inputs."""
-        if self._offs is not None:
-            self._stage_out_pieces()
+        if self._ranges is not None:
+            self._stage_out_ranges()
             return
         hosts, bufs = [], []
         with self.ops.copy_context():
@@ -207,44 +200,42 @@ class StagingHandoff:
         self.hosts, self._bufs = hosts, bufs
         self._out_fence = out_fence
 
-    def _stage_out_pieces(self) -> None:
-        """One host buffer; every piece's copy enqueued now, each followed by its own fence."""
-        assert self._offs is not None
+    def _stage_out_ranges(self) -> None:
+        """One host buffer; every range's copy enqueued now, in order, each followed by its
+        own fence."""
+        assert self._ranges is not None
         t = self.tensors[0]
         buf = self.pool.take(t.numel() * t.element_size())
         h = _host_like(buf, t)
         src, dst = t.view(-1), h.view(-1)
         fences = []
         with self.ops.copy_context():
-            for a, b in pairwise(self._offs):
+            for a, b in self._ranges:
                 self.ops.copy(dst[a:b], src[a:b])
                 fences.append(self.ops.fence())
-        self.hosts, self._bufs, self._piece_fences = [h], [buf], fences
+        self.hosts, self._bufs, self._range_fences = [h], [buf], fences
 
-    def pieces(self) -> Iterator[tuple[torch.Tensor, Callable[[], None]]]:
-        """Comm thread, after ``acquire`` (pipelined hand-off only): ``(host slice, copy_back)``
-        per piece in order, each yielded once its own device -> host copy has landed; calling
-        ``copy_back()`` enqueues that piece's host -> device copy (and any earlier one's)."""
-        assert self.hosts is not None and self._offs is not None
-        flat = self.hosts[0].view(-1)
-        for i, (a, b) in enumerate(pairwise(self._offs)):
-            fence = self._piece_fences[i]
-            if fence is not None:
-                fence.synchronize()  # this piece only; later pieces may still be copying
-            yield flat[a:b], lambda i=i: self._copy_back(i)
+    def wait_range(self, i: int) -> None:
+        """Comm thread, after ``acquire`` (pipelined hand-off only): block until range i's
+        device -> host copy has landed (later ranges may still be copying)."""
+        fence = self._range_fences[i]
+        if fence is not None:
+            fence.synchronize()
+            self._range_fences[i] = None
 
-    def _copy_back(self, last: int) -> None:
+    def copy_back(self, i: int) -> None:
+        """Comm thread: enqueue range i's host -> device copy now (once per range); the host
+        range must not change afterwards."""
+        if self._backed[i]:
+            return
         with self.ops.copy_context():
-            self._enqueue_backs(last)
+            self._copy_range_back(i)
 
-    def _enqueue_backs(self, last: int) -> None:
-        """In ``copy_context``: enqueue the copies back of pieces up to ``last``, in order."""
-        assert self.hosts is not None and self._offs is not None
-        src, dst = self.hosts[0].view(-1), self.tensors[0].view(-1)
-        while self._backs <= last:
-            a, b = self._offs[self._backs], self._offs[self._backs + 1]
-            self.ops.copy(dst[a:b], src[a:b])
-            self._backs += 1
+    def _copy_range_back(self, i: int) -> None:
+        assert self.hosts is not None and self._ranges is not None
+        a, b = self._ranges[i]
+        self.ops.copy(self.tensors[0].view(-1)[a:b], self.hosts[0].view(-1)[a:b])
+        self._backed[i] = True
 
     def acquire(self) -> list[torch.Tensor]:
         if self._ready is not None:
@@ -260,8 +251,10 @@ class StagingHandoff:
         assert self.hosts is not None
         copied = False
         with self.ops.copy_context():
-            if self._offs is not None:
-                self._enqueue_backs(len(self._offs) - 2)  # pieces not handed back yet, if any
+            if self._ranges is not None:
+                for i, backed in enumerate(self._backed):  # ranges not copied back yet
+                    if not backed:
+                        self._copy_range_back(i)
                 copied = True
             else:
                 for t, h, w in zip(self.tensors, self.hosts, self.writes, strict=True):
