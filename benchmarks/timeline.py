@@ -66,6 +66,24 @@ def unacked_bytes(sock: socket.socket) -> int:
     return _ioctl_int(sock, termios.TIOCOUTQ)
 
 
+def softnet_drops() -> int:
+    """Packets the kernel dropped because a CPU's input backlog was full (all CPUs:
+    /proc/net/softnet_stat, second column). Veth hands every packet to such a backlog, so
+    on one box a CPU too busy to drain it loses packets of the emulated links."""
+    try:
+        lines = Path("/proc/net/softnet_stat").read_text().split("\n")
+    except OSError:
+        return -1
+    return sum(int(ln.split()[1], 16) for ln in lines if ln.strip())
+
+
+def _sysctl(name: str) -> int | None:
+    try:
+        return int(Path("/proc/sys", name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 #: A sender-thread write that finds fewer bytes than this in flight may have let the link idle.
 DRY_BYTES = 64 << 10
 
@@ -269,11 +287,16 @@ def main() -> int:
 
     with Cluster(args.hosts, args.rate) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
+        qdisc0, softnet0 = c.qdisc_drops(), softnet_drops()
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
                   timeout=args.timeout, pg_timeout_s=PG_TIMEOUT_S,
                   hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
+        qdisc1, softnet1 = c.qdisc_drops(), softnet_drops()
     summary = summarize(args.out, bps)
-    summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts)
+    summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts,
+                   qdisc_drops_during_run={k: qdisc1[k] - qdisc0.get(k, 0) for k in qdisc1},
+                   softnet_drops_during_run=softnet1 - softnet0,
+                   netdev_max_backlog=_sysctl("net/core/netdev_max_backlog"))
     _write_summary(args.out, summary)
     return 0
 

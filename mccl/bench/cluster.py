@@ -331,6 +331,16 @@ class Cluster:
                        tcp_payload_ceiling=tcp_payload_ceiling(self.rate_bps, self.mtu))
         return out
 
+    def qdisc_drops(self) -> dict[str, int]:
+        """Packets each namespace's qdiscs dropped so far (``tc -s``; hosts and switch): a
+        full shaping queue drops here, which TCP then retransmits."""
+        out: dict[str, int] = {}
+        for ns in [*self.hosts, self.switch]:
+            q = subprocess.run([self.tc or "tc", "-n", ns, "-s", "qdisc", "show"],
+                               capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+            out[ns] = sum(int(d) for d in re.findall(r"dropped (\d+)", q.stdout))
+        return out
+
     # -- lifecycle ----------------------------------------------------------------------
     def check(self) -> None:
         """Raise ClusterUnavailable with a one-line reason if up() cannot work here."""
