@@ -88,19 +88,69 @@ def _sysctl(name: str) -> int | None:
 DRY_BYTES = 64 << 10
 
 
-def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str) -> None:
+#: TcpExt counters (/proc/net/netstat, per network namespace) reported per trace: how TCP
+#: lost, found and undid losses, and how it saw reordering.
+NETSTAT_KEYS = ("TCPLostRetransmit", "TCPFastRetrans", "TCPSlowStartRetrans", "TCPTimeouts",
+                "TCPLossProbes", "TCPSpuriousRTOs", "TCPDSACKRecv", "TCPDSACKUndo",
+                "TCPLossUndo", "TCPSACKReorder", "TCPTSReorder", "TCPOFOQueue", "TCPRcvQDrop",
+                "TCPBacklogDrop", "TCPSackRecovery", "TCPSACKReneging")
+
+
+def netstat() -> dict[str, int]:
+    """TcpExt counters of this process's network namespace ({} where there are none)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return {}
+    for head, vals in zip(lines[::2], lines[1::2], strict=False):
+        if head.startswith("TcpExt:"):
+            return dict(zip(head.split()[1:], map(int, vals.split()[1:]), strict=False))
+    return {}
+
+
+def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
+              backend: str = "mccl") -> None:
     """One rank (run by run_ranks, group already up): warm up, then trace ``reps`` back-to-back
     ops of ``size`` bytes (all_gather: the gathered output, reduce_scatter: the full input, as
-    the bench counts them) and write the trace to ``out``."""
+    the bench counts them) and write the trace to ``out``. With gloo only the op times and
+    the namespace's TCP counters are recorded (its sockets and chunks are not reachable)."""
     import torch
+    import torch.distributed as dist
+
+    now = time.monotonic
+    events: list[tuple] = []
+    full = torch.ones(size // 4 // world * world)
+    part = torch.ones(full.numel() // world)
+    run = {"all_reduce": lambda: dist.all_reduce(full),
+           "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
+    for _ in range(3):
+        run()
+    socks = _instrument(events, rank, world) if backend == "mccl" else {}
+    infos = []
+    dist.barrier()
+    events.clear()
+    tcp0 = netstat()
+    for i in range(reps):
+        events.append((now(), "start", i, 0))
+        run()
+        events.append((now(), "end", i, 0))
+        infos.append({str(r): tcp_info(s) for r, s in socks.items()})
+    tcp1 = netstat()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "world": world, "events": events, "tcp": infos,
+        "netstat": {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in NETSTAT_KEYS if k in tcp1}}))
+
+
+def _instrument(events: list[tuple], rank: int, world: int) -> dict:
+    """Patch mccl's channel and sender writes to log chunk events; the ring sockets."""
     import torch.distributed as dist
 
     from mccl import engine
     from mccl.transport import tcp
 
     now = time.monotonic
-    events: list[tuple] = []
-    send0, recv0 = engine.OpChannel.send, engine.OpChannel.recv
+    send0, recv0, write0 = engine.OpChannel.send, engine.OpChannel.recv, tcp.Peer._write
 
     def send(self, peer, buf):
         events.append((now(), "send", peer, buf.nbytes))
@@ -111,15 +161,6 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str) ->
         recv0(self, peer, buf)
         events.append((now(), "got", peer, buf.nbytes))
 
-    full = torch.ones(size // 4 // world * world)
-    part = torch.ones(full.numel() // world)
-    run = {"all_reduce": lambda: dist.all_reduce(full),
-           "all_gather": lambda: dist.all_gather_into_tensor(full, part),
-           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
-    for _ in range(3):
-        run()
-    write0 = tcp.Peer._write
-
     def write(self, header, payload, last=True):
         events.append((now(), "write", self.rank, unacked_bytes(self.sock)))
         write0(self, header, payload, last)
@@ -128,22 +169,14 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str) ->
     engine.OpChannel.send, engine.OpChannel.recv = send, recv
     tcp.Peer._write = write
     mesh = dist.group.WORLD._engine.mesh
-    socks = {r: mesh.peer(r).sock for r in {(rank + 1) % world, (rank - 1) % world} - {rank}}
-    infos = []
-    dist.barrier()
-    events.clear()
-    for i in range(reps):
-        events.append((now(), "start", i, 0))
-        run()
-        events.append((now(), "end", i, 0))
-        infos.append({str(r): tcp_info(s) for r, s in socks.items()})
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world": world,
-                                                            "events": events, "tcp": infos}))
+    return {r: mesh.peer(r).sock for r in {(rank + 1) % world, (rank - 1) % world} - {rank}}
 
 
-def summarize(out: Path, ceiling_bps: float) -> dict:
+def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
     """Medians over ops and ranks (period, ideal, Python before the first send and after the
-    last receive, receive rate mid-op, dry writes), each link's excess per op, retransmits."""
+    last receive, receive rate mid-op, dry writes), each link's excess per op, retransmits.
+    ``link_bytes``: what one link carries per op, for the ideal time of traces without
+    chunk events (gloo)."""
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     world = ranks[0]["world"]
     rows = []
@@ -171,7 +204,7 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
                 gots = op["gots"]
                 op["time"] = t - op["t0"]
                 op["tail"] = t - gots[-1][0] if gots else 0.0
-                nbytes = sum(b for _, b in gots)
+                nbytes = sum(b for _, b in gots) or link_bytes
                 op["ideal"] = nbytes / ceiling_bps
                 # Bytes after the first chunk over the time they took: the middle of the op.
                 span = gots[-1][0] - gots[0][0] if len(gots) > 1 else 0.0
@@ -213,8 +246,13 @@ def summarize(out: Path, ceiling_bps: float) -> dict:
             tcp_retrans[d["rank"]] = {p: last[p]["total_retrans"] - first[p]["total_retrans"]
                                       for p in last}
             send_limits[d["rank"]] = _send_limits(d, world)
+    tcp_ext: dict[str, int] = {}
+    for d in ranks:
+        for k, v in d.get("netstat", {}).items():
+            tcp_ext[k] = tcp_ext.get(k, 0) + v
     return {
         "world": world, "ops": len(ops), "ceiling_Bps": ceiling_bps,
+        "tcp_ext_all_ranks_during_trace": tcp_ext,
         "period_ms_median": 1e3 * statistics.median(periods) if periods else None,
         "ideal_ms": 1e3 * statistics.median(r["ideal"] for r in rows),
         "op_ms_median": 1e3 * med("time"),
@@ -268,6 +306,8 @@ def main() -> int:
     ap.add_argument("--op", default="all_reduce",
                     choices=["all_reduce", "all_gather", "reduce_scatter"])
     ap.add_argument("--size", default="4M")
+    ap.add_argument("--backend", default="mccl", choices=["mccl", "gloo"],
+                    help="gloo: op times and TCP counters only, for comparison")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
@@ -287,14 +327,17 @@ def main() -> int:
 
     with Cluster(args.hosts, args.rate) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
-        qdisc0, softnet0 = c.qdisc_drops(), softnet_drops()
+        qdisc0, link0, softnet0 = c.qdisc_drops(), c.link_drops(), softnet_drops()
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
-                  timeout=args.timeout, pg_timeout_s=PG_TIMEOUT_S,
-                  hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
-        qdisc1, softnet1 = c.qdisc_drops(), softnet_drops()
-    summary = summarize(args.out, bps)
-    summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts,
+                  args.backend, backend=args.backend, timeout=args.timeout,
+                  pg_timeout_s=PG_TIMEOUT_S, hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
+        qdisc1, link1, softnet1 = c.qdisc_drops(), c.link_drops(), softnet_drops()
+    n = args.hosts
+    per_link = size * (n - 1) // n * (2 if args.op == "all_reduce" else 1)
+    summary = summarize(args.out, bps, per_link)
+    summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
                    qdisc_drops_during_run={k: qdisc1[k] - qdisc0.get(k, 0) for k in qdisc1},
+                   link_drops_during_run={k: link1[k] - link0.get(k, 0) for k in link1},
                    softnet_drops_during_run=softnet1 - softnet0,
                    netdev_max_backlog=_sysctl("net/core/netdev_max_backlog"))
     _write_summary(args.out, summary)

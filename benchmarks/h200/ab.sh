@@ -60,7 +60,9 @@ print("   ", " ".join(f"{k}={d[k]:.2f}" for k in keys))
 print("    link excess ms per op:", {k: v for k, v in d["link_excess_ms_per_op"].items()})
 print("    retransmits:", d["retransmits_during_trace"])
 print("    send sockets:", d.get("send_socket_during_trace"))
-print("    drops: qdisc", d.get("qdisc_drops_during_run"), "softnet", d.get("softnet_drops_during_run"),
+print("    tcp:", d.get("tcp_ext_all_ranks_during_trace"))
+print("    drops: qdisc", d.get("qdisc_drops_during_run"), "links", d.get("link_drops_during_run"),
+      "softnet", d.get("softnet_drops_during_run"),
       "netdev_max_backlog", d.get("netdev_max_backlog"))
 PYEOF
     done

@@ -18,6 +18,7 @@ CLI: ``python -m mccl.cluster up --hosts 4 --rate 1gbit | down | status | exec H
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -339,6 +340,21 @@ class Cluster:
             q = subprocess.run([self.tc or "tc", "-n", ns, "-s", "qdisc", "show"],
                                capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
             out[ns] = sum(int(d) for d in re.findall(r"dropped (\d+)", q.stdout))
+        return out
+
+    def link_drops(self) -> dict[str, int]:
+        """Packets each namespace's interfaces dropped so far, received and sent (``ip -s``;
+        a veth whose receiving side cannot keep up drops here, not in a qdisc)."""
+        out: dict[str, int] = {}
+        for ns in [*self.hosts, self.switch]:
+            q = subprocess.run([self.ip, "-n", ns, "-s", "-j", "link", "show"],
+                               capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+            try:
+                links = json.loads(q.stdout or "[]")
+            except ValueError:
+                links = []
+            out[ns] = sum(link.get("stats64", {}).get(way, {}).get("dropped", 0)
+                          for link in links for way in ("rx", "tx"))
         return out
 
     # -- lifecycle ----------------------------------------------------------------------
