@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import resource
 import socket
 import statistics
 import struct
@@ -130,15 +131,19 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
     infos = []
     dist.barrier()
     events.clear()
-    tcp0 = netstat()
+    tcp0, use0, t0 = netstat(), resource.getrusage(resource.RUSAGE_SELF), now()
     for i in range(reps):
         events.append((now(), "start", i, 0))
         run()
         events.append((now(), "end", i, 0))
         infos.append({str(r): tcp_info(s) for r, s in socks.items()})
-    tcp1 = netstat()
+    tcp1, use1, t1 = netstat(), resource.getrusage(resource.RUSAGE_SELF), now()
+    cpu = {"wall_s": t1 - t0, "user_s": use1.ru_utime - use0.ru_utime,
+           "sys_s": use1.ru_stime - use0.ru_stime,
+           "voluntary_switches": use1.ru_nvcsw - use0.ru_nvcsw,
+           "involuntary_switches": use1.ru_nivcsw - use0.ru_nivcsw}
     (Path(out) / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "world": world, "events": events, "tcp": infos,
+        "rank": rank, "world": world, "events": events, "tcp": infos, "cpu": cpu,
         "netstat": {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in NETSTAT_KEYS if k in tcp1}}))
 
 
@@ -250,9 +255,19 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
     for d in ranks:
         for k, v in d.get("netstat", {}).items():
             tcp_ext[k] = tcp_ext.get(k, 0) + v
+    # each rank's process (all its threads) over the trace: CPU time per op, context switches
+    cpu = {d["rank"]: {"cpu_ms_per_op": round(1e3 * (d["cpu"]["user_s"] + d["cpu"]["sys_s"])
+                                              / max(1, len(ops)), 2),
+                       "sys_share": round(d["cpu"]["sys_s"] / max(1e-9, d["cpu"]["user_s"]
+                                                                    + d["cpu"]["sys_s"]), 2),
+                       "switches_per_op": round((d["cpu"]["voluntary_switches"]
+                                                 + d["cpu"]["involuntary_switches"])
+                                                / max(1, len(ops)))}
+           for d in ranks if "cpu" in d}
     return {
         "world": world, "ops": len(ops), "ceiling_Bps": ceiling_bps,
         "tcp_ext_all_ranks_during_trace": tcp_ext,
+        "cpu_per_rank_during_trace": cpu,
         "period_ms_median": 1e3 * statistics.median(periods) if periods else None,
         "ideal_ms": 1e3 * statistics.median(r["ideal"] for r in rows),
         "op_ms_median": 1e3 * med("time"),
