@@ -94,14 +94,14 @@ def all_reduce_staged(ch: Channel, t: torch.Tensor, io: SegmentIO, op: Op,
     offs = split(flat.numel(), w)
 
     def ready(s: int) -> None:
-        io.wait_range((r - 1 - s) % w)
+        io.wait_range(ring.first_use(s, w, r))
         if up is not None:
             work[offs[s]:offs[s + 1]].copy_(flat[offs[s]:offs[s + 1]])
 
     def final(s: int) -> None:
         if up is not None:
             flat[offs[s]:offs[s + 1]].copy_(work[offs[s]:offs[s + 1]])
-        io.copy_back((r - 1 - s) % w)
+        io.copy_back(ring.first_use(s, w, r))
 
     ring.all_reduce(ch, work.numpy(), reducer(op, work.dtype), finisher(op, w), scratch,
                     ready=ready, final=final)
@@ -156,16 +156,7 @@ def reduce_scatter(ch: Channel, out: torch.Tensor, inputs: list[torch.Tensor], o
     """out = reduction over ranks of inputs[rank]; inputs are only read (no copy of them,
     except the float32 copy that half types reduce in)."""
     up = UPCAST.get(out.dtype)
-    if up is not None:
-        src = [t.reshape(-1).to(up).numpy() for t in inputs]
-        work = torch.empty(out.numel(), dtype=up)
-    else:
-        src = [as_array(t) for t in inputs]
-        work = out.reshape(-1)
-    fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
-    ring.reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
-    if up is not None:
-        out.reshape(-1).copy_(work)
+    _reduce_scatter(ch, out, [_readable(t, up) for t in inputs], up, op, scratch)
 
 
 def reduce_scatter_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor, op: Op,
@@ -173,14 +164,22 @@ def reduce_scatter_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor, op: O
     """``reduce_scatter`` of one flat input holding every rank's part in rank order: one
     numpy view cut in numpy (cheaper per op than a torch slice and view per rank)."""
     up = UPCAST.get(out.dtype)
-    if up is not None:
-        src = inp.reshape(-1).to(up).numpy()
-        work = torch.empty(out.numel(), dtype=up)
-    else:
-        src = as_array(inp)
-        work = out.reshape(-1)
+    _reduce_scatter(ch, out, _segments(_readable(inp, up), ch.size), up, op, scratch)
+
+
+def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
+    """A flat numpy array of ``t`` in the dtype reductions run in: a view, or the float32 copy
+    of a half type (``up``)."""
+    return t.reshape(-1).to(up).numpy() if up is not None else as_array(t)
+
+
+def _reduce_scatter(ch: Channel, out: torch.Tensor, src: list[np.ndarray],
+                    up: torch.dtype | None, op: Op, scratch: Scratch) -> None:
+    """The ring reduce-scatter of ``src`` (one array per rank, in dtype ``up`` for half
+    types) into ``out``; half types round into ``out`` once."""
+    work = torch.empty(out.numel(), dtype=up) if up is not None else out.reshape(-1)
     fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
-    ring.reduce_scatter(ch, _segments(src, ch.size), work.numpy(), fn, fin, scratch)
+    ring.reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
     if up is not None:
         out.reshape(-1).copy_(work)
 

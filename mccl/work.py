@@ -98,7 +98,6 @@ class Work(dist.Work):
         self._latch.acquire()  # released once, when the op is done; waiters pass through it
         self._finished = False
         self._error: BaseException | None = None
-        self._value = None  # what the future carries: the result list, or the error
         self._raw = torch.futures.Future(devices=devices) if devices else None
         self._future: torch.futures.Future | None = None  # made by get_future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
@@ -108,12 +107,12 @@ class Work(dist.Work):
     # ---- completion (comm thread) ----
     def complete(self, gate=None, result_ctx=None) -> None:
         self._gate = gate
-        self._settle(self._result, None, result_ctx)
+        self._settle(None, result_ctx)
 
     def fail(self, error: BaseException) -> None:
-        self._settle(error, error, None)  # _unwrap raises it in the chained future
+        self._settle(error, None)
 
-    def _settle(self, value, error: BaseException | None, result_ctx) -> None:
+    def _settle(self, error: BaseException | None, result_ctx) -> None:
         """Mark the op done (the first outcome wins) and complete the raw future if one was
         made: right here while nobody asked for the Future (nothing can block then, and a
         thread hand-off per op is saved), else on the completer."""
@@ -121,10 +120,9 @@ class Work(dist.Work):
             if self._finished:
                 return
             self._error = error
-            self._value = value
             self._finished = True
             self._latch.release()
-            fut = self._raw
+            fut, value = self._raw, self._outcome()
             if fut is None:
                 return  # get_future() / _raw_future() complete it when they make it
             if self._future is None:
@@ -138,8 +136,13 @@ class Work(dist.Work):
         if self._raw is None:
             self._raw = torch.futures.Future()
             if self._finished:
-                self._raw.set_result(self._value)
+                self._raw.set_result(self._outcome())
         return self._raw
+
+    def _outcome(self):
+        """What the future carries: the result list, or the error (``_unwrap`` raises it in
+        the chained future)."""
+        return self._error if self._error is not None else self._result
 
     def set_source_rank(self, rank: int) -> None:
         self._src_rank = rank

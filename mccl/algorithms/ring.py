@@ -23,11 +23,17 @@ from .base import (
 )
 
 
+def first_use(i: int, w: int, r: int) -> int:
+    """``all_reduce`` on rank ``r`` first touches its segments in this order (its first send,
+    then each reduce-scatter step): the i-th is segment (r - 1 - i) % w. The map is its own
+    inverse, so it also gives a segment's position in that order."""
+    return (r - 1 - i) % w
+
+
 def segment_ranges(n: int, w: int, r: int) -> list[tuple[int, int]]:
-    """Element ranges of ``all_reduce``'s segments on rank ``r`` in the order it first touches
-    them (its first send, then each reduce-scatter step): range i is segment (r - 1 - i) % w."""
+    """Element ranges of ``all_reduce``'s segments on rank ``r`` in ``first_use`` order."""
     offs = split(n, w)
-    return [(offs[(r - 1 - i) % w], offs[(r - 1 - i) % w + 1]) for i in range(w)]
+    return [(offs[s], offs[s + 1]) for s in (first_use(i, w, r) for i in range(w))]
 
 
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
