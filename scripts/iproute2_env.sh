@@ -1,4 +1,5 @@
-# Use iproute2 (ip, tc) on a machine that lacks it, without touching /.
+# Use iproute2 (ip, tc) on a machine that lacks it, without touching /. Where `ip` and `tc`
+# are on the PATH, or MCCL_IP is set, it does nothing.
 #
 #   . scripts/iproute2_env.sh [DEB_DIR]      # source it: exports MCCL_IP and MCCL_TC
 #
@@ -14,6 +15,10 @@
 
 _mccl_iproute2_setup() {
     local repo deb_dir root bin ldso libdirs tool exe n
+    if [ -n "${MCCL_IP:-}" ] || { command -v ip && command -v tc; } >/dev/null 2>&1; then
+        echo "iproute2_env: ip and tc are already available; nothing to unpack"
+        return 0
+    fi
     repo="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
     deb_dir="${1:-$repo/.debs}"
     root="${MCCL_IPROUTE2_ROOT:-/tmp/iproute2-root}"
@@ -97,5 +102,7 @@ EOF
 if (return 0 2>/dev/null); then
     _mccl_iproute2_setup "$@"
 else
-    _mccl_iproute2_setup "$@" && echo "not sourced: run  export MCCL_IP=$MCCL_IP MCCL_TC=$MCCL_TC"
+    if _mccl_iproute2_setup "$@" && [ -n "${MCCL_IP:-}" ]; then
+        echo "not sourced: run  export MCCL_IP=$MCCL_IP MCCL_TC=$MCCL_TC"
+    fi
 fi

@@ -15,10 +15,8 @@ WORLDS="${WORLDS:-4 8}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
 mkdir -p "$RES" "$OUTDIR"
-if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
-    # shellcheck source=/dev/null
-    . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >"$RES/iproute2.log" 2>&1
-fi
+# shellcheck source=/dev/null
+. "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >"$RES/iproute2.log" 2>&1  # no-op if ip exists
 python3 -c 'import sitecustomize, sys; print("existing sitecustomize:", sitecustomize.__file__)' \
     >"$RES/sitecustomize_check.txt" 2>&1
 left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }

@@ -50,13 +50,12 @@ run() {
     return 0
 }
 
-# The emulated cluster needs iproute2; unpack the carried .debs once if `ip` is missing.
+# The emulated cluster needs iproute2; unpack the carried .debs once if `ip` is missing
+# (iproute2_env.sh does nothing where ip and tc exist or MCCL_IP is already set).
 need_ip() {
-    if ! command -v ip >/dev/null 2>&1 && [ -z "${MCCL_IP:-}" ]; then
-        # shellcheck source=/dev/null
-        . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
-            || say "iproute2_env failed (cluster stages will report it)"
-    fi
+    # shellcheck source=/dev/null
+    . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >>"$SUMMARY" 2>&1 \
+        || say "iproute2_env failed (cluster stages will report it)"
 }
 
 stage_env() {
