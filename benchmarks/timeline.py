@@ -309,6 +309,11 @@ def _send_limits(d: dict, world: int) -> dict:
             "peer_window_bytes_median": med("snd_wnd")}
 
 
+def link_bytes(op: str, size: int, world: int) -> int:
+    """Bytes one ring link carries in one op of ``size`` (as the bench counts sizes)."""
+    return size * (world - 1) // world * (2 if op == "all_reduce" else 1)
+
+
 def _write_summary(out: Path, summary: dict) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "tcp_info_last"}, indent=1))
@@ -333,7 +338,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.analyze:  # re-summarize kept traces (rewrites summary.json, keeps the run's fields)
         old = json.loads((args.out / "summary.json").read_text())
-        summary = summarize(args.out, old["ceiling_Bps"])
+        summary = summarize(args.out, old["ceiling_Bps"],
+                            link_bytes(old.get("op", ""), old.get("size", 0), old["world"]))
         summary.update({k: v for k, v in old.items() if k not in summary})
         _write_summary(args.out, summary)
         return 0
@@ -342,17 +348,16 @@ def main() -> int:
 
     with Cluster(args.hosts, args.rate) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
-        qdisc0, link0, softnet0 = c.qdisc_drops(), c.link_drops(), softnet_drops()
+        drops0, softnet0 = c.drops(), softnet_drops()
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
                   args.backend, backend=args.backend, timeout=args.timeout,
                   pg_timeout_s=PG_TIMEOUT_S, hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
-        qdisc1, link1, softnet1 = c.qdisc_drops(), c.link_drops(), softnet_drops()
-    n = args.hosts
-    per_link = size * (n - 1) // n * (2 if args.op == "all_reduce" else 1)
-    summary = summarize(args.out, bps, per_link)
+        drops1, softnet1 = c.drops(), softnet_drops()
+    summary = summarize(args.out, bps, link_bytes(args.op, size, args.hosts))
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
-                   qdisc_drops_during_run={k: qdisc1[k] - qdisc0.get(k, 0) for k in qdisc1},
-                   link_drops_during_run={k: link1[k] - link0.get(k, 0) for k in link1},
+                   **{f"{where}_drops_during_run": {ns: count - drops0[where].get(ns, 0)
+                                                    for ns, count in now.items()}
+                      for where, now in drops1.items()},
                    softnet_drops_during_run=softnet1 - softnet0,
                    netdev_max_backlog=_sysctl("net/core/netdev_max_backlog"))
     _write_summary(args.out, summary)

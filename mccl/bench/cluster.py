@@ -332,29 +332,23 @@ class Cluster:
                        tcp_payload_ceiling=tcp_payload_ceiling(self.rate_bps, self.mtu))
         return out
 
-    def qdisc_drops(self) -> dict[str, int]:
-        """Packets each namespace's qdiscs dropped so far (``tc -s``; hosts and switch): a
-        full shaping queue drops here, which TCP then retransmits."""
-        out: dict[str, int] = {}
+    def drops(self) -> dict[str, dict[str, int]]:
+        """Packets dropped so far in each namespace (hosts and switch), by its qdiscs
+        (``tc -s``: a full shaping queue) and by its interfaces (``ip -s``: a veth whose
+        receiving side cannot keep up drops there, not in a qdisc). TCP retransmits both."""
+        out: dict[str, dict[str, int]] = {"qdisc": {}, "link": {}}
         for ns in [*self.hosts, self.switch]:
             q = subprocess.run([self.tc or "tc", "-n", ns, "-s", "qdisc", "show"],
                                capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
-            out[ns] = sum(int(d) for d in re.findall(r"dropped (\d+)", q.stdout))
-        return out
-
-    def link_drops(self) -> dict[str, int]:
-        """Packets each namespace's interfaces dropped so far, received and sent (``ip -s``;
-        a veth whose receiving side cannot keep up drops here, not in a qdisc)."""
-        out: dict[str, int] = {}
-        for ns in [*self.hosts, self.switch]:
+            out["qdisc"][ns] = sum(int(d) for d in re.findall(r"dropped (\d+)", q.stdout))
             q = subprocess.run([self.ip, "-n", ns, "-s", "-j", "link", "show"],
                                capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
             try:
                 links = json.loads(q.stdout or "[]")
             except ValueError:
                 links = []
-            out[ns] = sum(link.get("stats64", {}).get(way, {}).get("dropped", 0)
-                          for link in links for way in ("rx", "tx"))
+            out["link"][ns] = sum(link.get("stats64", {}).get(way, {}).get("dropped", 0)
+                                  for link in links for way in ("rx", "tx"))
         return out
 
     # -- lifecycle ----------------------------------------------------------------------
