@@ -3,6 +3,7 @@ in an error message."""
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import torch
@@ -37,6 +38,7 @@ def dtype_code(dtype: torch.dtype) -> int:
     return DTYPE_CODE.get(dtype, 255)
 
 
+@functools.lru_cache(maxsize=4096)
 def signature(kind: Kind, dtype: torch.dtype | None = None, redop: Op | None = None,
               root: int = 0, count: int = 0) -> Signature:
     return Signature(int(kind), dtype_code(dtype) if dtype is not None else 0,

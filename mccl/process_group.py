@@ -34,6 +34,10 @@ log = logging.getLogger("mccl")
 _UNCHECKED = object()
 
 BACKEND_NAME = "mccl"
+#: Devices whose blocking ops may run on the caller's thread (see ``_submit``). CUDA: the
+#: caller is PyTorch's own thread and the copies go to the adapter's side stream either way
+#: (O3 holds). MPS stays on the comm thread: that path is not run on hardware here.
+INLINE_DEVICE_TYPES = frozenset({"cpu", "cuda"})
 #: Tag reserved for monitored_barrier's p2p messages (user tags are other values).
 _MONITOR_TAG = -0x4D43434C
 
@@ -44,8 +48,15 @@ _REDOPS = {
 }
 
 
+_REDOP_OF_CODE = {int(k): v for k, v in _REDOPS.items()}
+
+
 def _redop(op) -> Op:
     kind = getattr(op, "op", op)
+    if isinstance(kind, dist.ReduceOp.RedOpType):  # per op: an int lookup (pybind's == is slow)
+        found = _REDOP_OF_CODE.get(int(kind))
+        if found is not None:
+            return found
     for k, v in _REDOPS.items():
         if kind == k:
             return v
@@ -233,13 +244,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective)
-        # A blocking collective on host memory runs on the caller's thread when the group is
-        # idle: the caller would only wait for the comm thread, and the two hand-offs cost
-        # 50-100 us per op on a loaded host (async ops never do: they must not block the
-        # caller).
+        # A blocking collective runs on the caller's thread when the group is idle: the caller
+        # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
+        # a loaded host (async ops never do: they must not block the caller).
         inline = (collective and self._coalesced is None and opts is not None
                   and getattr(opts, "asyncOp", True) is False
-                  and (device is None or device.type == "cpu"))
+                  and (device is None or device.type in INLINE_DEVICE_TYPES))
         self._engine.submit(job, inline=inline)
         if self._coalesced is not None:
             self._coalesced.append(work)

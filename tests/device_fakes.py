@@ -77,11 +77,14 @@ class FakeAsyncOps(HostOps):
     """Device ops on fake streams: ``current`` is the caller's stream, ``side`` the adapter's.
 
     With ``copy_out_on_caller`` it models a one-stream device (MPS): copies go on ``current``,
-    in order with the producer's kernels.
+    in order with the producer's kernels. With ``stream_ordered`` the side stream waits for
+    the producer's marker itself (CUDA's ``order_after``) instead of the comm thread.
     """
 
-    def __init__(self, copy_out_on_caller: bool = False, copy_delay: float = 0.0):
+    def __init__(self, copy_out_on_caller: bool = False, copy_delay: float = 0.0,
+                 stream_ordered: bool = False):
         self.copy_out_on_caller = copy_out_on_caller
+        self.stream_ordered = stream_ordered
         self.current = FakeStream("current")
         self.side = FakeStream("side")
         self.copy_stream = self.current if copy_out_on_caller else self.side
@@ -99,6 +102,12 @@ class FakeAsyncOps(HostOps):
         ev.record(self.current)
         self.ready_events.append(ev)
         return ev
+
+    def order_after(self, marker: FakeEvent) -> None:  # type: ignore[override]
+        if self.stream_ordered:
+            self.side.wait_event(marker)
+        else:
+            marker.synchronize()
 
     @contextmanager
     def _ctx(self):

@@ -290,3 +290,45 @@ def test_overlap_bound_on_hand_computed_pipelines() -> None:
     assert overlap.hidden_bound([3, 1], 4.0, 4.0) == 0.25
     # no compute at all hides nothing
     assert overlap.hidden_bound([1, 2, 3], 0.0, 1.0) == 0.0
+
+
+def test_oppath_stages_in_order_for_each_variant(tmp_path: Path) -> None:
+    """benchmarks/oppath.py at 2 ranks, tiny op, two interleaved variants: every stage of the
+    path is reported for each, in the order the op passes them."""
+    out = tmp_path / "p.json"
+    argv = [sys.executable, "benchmarks/oppath.py", "--world", "2", "--op", "reduce_scatter",
+            "--size", "64K", "--reps", "8", "--variants", "a:;b:inline_max=4096",
+            "--json", str(out)]
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["op"] == "reduce_scatter" and doc["world"] == 2
+    for rank in doc["stages_us_median"]:
+        assert set(rank) == {"a", "b"}
+        for stages in rank.values():
+            names = ("pg", "submit", "execute", "body", "first_send", "returned")
+            assert list(stages) == list(names)
+            times = [stages[k] for k in names]
+            assert times == sorted(times) and times[0] >= 0
+    assert "[a]" in res.stdout and "[b]" in res.stdout
+
+
+def test_ab_settings_apply_and_restore() -> None:
+    """The A/B hook (benchmarks/h200/ab/mccl_ab.py) changes a constant and puts it back, and
+    refuses a key it does not know."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "h200" / "ab"))
+    try:
+        import mccl_ab
+    finally:
+        sys.path.remove(str(REPO / "benchmarks" / "h200" / "ab"))
+    from mccl.algorithms import base
+    from mccl.transport import tcp
+
+    before = (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES)
+    undo = mccl_ab.apply("max_chunk=4096,inline_max=128")
+    assert (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES) == (4096, 128)
+    undo()
+    assert (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES) == before
+    with pytest.raises(KeyError, match="nope"):
+        mccl_ab.apply("nope=1")

@@ -31,14 +31,18 @@ def _marker_and_gate(rank: int, world: int) -> bool:
     side = torch.cuda.Stream(dev)
     for n in (1000, 3_000_000):  # doubling and ring paths
         for stream in (torch.cuda.current_stream(dev), side):
-            with torch.cuda.stream(stream):
-                t = torch.zeros(n, device=dev)
-                torch.cuda._sleep(SLEEP_CYCLES)
-                t.fill_(rank + 1)  # produced long after all_reduce is called
-                w = dist.all_reduce(t, async_op=True)
-                w.wait()  # O2 via the gate: this stream waits for the copy back
-                got = (t * 1).sum().item()  # consumer kernel on the same stream
-            assert got == expect * n, (n, stream, got)
+            for blocking in (False, True):  # comm thread / caller's thread (inline)
+                with torch.cuda.stream(stream):
+                    t = torch.zeros(n, device=dev)
+                    torch.cuda._sleep(SLEEP_CYCLES)
+                    t.fill_(rank + 1)  # produced long after all_reduce is called
+                    if blocking:
+                        dist.all_reduce(t)  # waits inside, as the gate below
+                    else:
+                        w = dist.all_reduce(t, async_op=True)
+                        w.wait()  # O2 via the gate: this stream waits for the copy back
+                    got = (t * 1).sum().item()  # consumer kernel on the same stream
+                assert got == expect * n, (n, stream, blocking, got)
     # Future path (what DDP's reducer uses): no Work.wait(), only fut.wait()
     t = torch.zeros(2_000_000, device=dev)
     torch.cuda._sleep(SLEEP_CYCLES)

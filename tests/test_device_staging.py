@@ -40,6 +40,29 @@ def test_comm_thread_waits_for_the_producer_marker() -> None:
     assert ops.ready_events[0].sync_threads == ["comm"]
 
 
+def test_side_stream_can_wait_for_the_producer_marker_instead() -> None:
+    """CUDA's order: the side stream waits for the marker, the comm thread only for the copy
+    out; what it reads is still the produced value, and outputs copied back land after the
+    producer's kernels."""
+    adapter, ops = _adapter(copy_delay=0.001, stream_ordered=True)
+    t, out = torch.zeros(1000), torch.zeros(10)
+    slow_fill(ops.current, t, 3.0, delay=0.1)
+    slow_fill(ops.current, out, 1.0, delay=0.0)  # the producer also writes the output
+    h = adapter.prepare([t, out], [True, False], [False, True])
+
+    def comm() -> list[torch.Tensor]:
+        hosts = h.acquire()
+        hosts[1].fill_(7.0)
+        h.release()
+        return hosts
+
+    hosts = on_thread(comm)
+    assert torch.equal(hosts[0], torch.full((1000,), 3.0))
+    assert ops.ready_events[0].sync_threads == ["fake-side"]
+    ops.side.synchronize()
+    assert torch.equal(out, torch.full((10,), 7.0))
+
+
 def test_copy_back_is_fenced_and_gates_the_consumer() -> None:
     adapter, ops = _adapter(copy_delay=0.05)  # copy back lands late on the side stream
     t = torch.ones(64)

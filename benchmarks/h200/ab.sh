@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Design A/B on the 10 Gbit emulated cluster: the same all-reduce bench once per variant of
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
-# once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call:
+# once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
+# (OPS, SIZES, WORLDS, DEVICE pick the bench; TL_RUNS, TL_VARIANTS the timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -11,6 +12,8 @@ RES="${RES:-/tmp/mccl-ab}"
 OUTDIR="${OUT:-/tmp}"
 DEADLINE_S="${DEADLINE_S:-500}"
 SIZES="${SIZES:-1M,4M,16M,64M,256M}"
+OPS="${OPS:-all_reduce}"
+DEVICE="${DEVICE:-cpu}"
 WORLDS="${WORLDS:-4 8}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
@@ -27,8 +30,8 @@ bench() {  # NAME WORLD BACKEND AB
     echo "[+$(( $(date +%s) - T0 ))s] $name n=$n $backend MCCL_AB=$ab" >>"$RES/summary.txt"
     MCCL_AB="$ab" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
         timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
-        --world-sizes "$n" --rate 10gbit --backends "$backend" --ops all_reduce \
-        --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
+        --world-sizes "$n" --rate 10gbit --backends "$backend" --ops "$OPS" \
+        --device "$DEVICE" --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
         --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
     grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
 }

@@ -8,6 +8,9 @@
 #   ddp       DDP on CUDA tensors, 4 ranks sharing the GPU: mccl vs gloo throughput + parameters
 #   overlap   bucketed synthetic step on CUDA (454 MB ViT grads), hidden % for mccl/staging/gloo
 #   overlap1g the same on 4 emulated 1 Gbit hosts, gradients scaled to 45 MB (CUDA, then CPU)
+#   oppath    one op's fixed cost by stage (benchmarks/oppath.py), 4 loopback ranks, 1 MB: CPU
+#             all_reduce/all_gather/reduce_scatter (+ 1 rank), CUDA all_reduce blocking and
+#             async with the CUDA hand-off's variants interleaved
 #   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda, both paths)
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
@@ -100,6 +103,26 @@ stage_overlap1g() {
             --scale 0.1 --cluster --rate 1gbit --steps 6 --warmup 1 \
             --json "$RES/overlap1g_$d.json" --png "$RES/overlap1g_$d.png"
     done
+}
+
+stage_oppath() {
+    local op
+    for op in all_reduce all_gather reduce_scatter; do
+        run "oppath_cpu_$op" 60 "$PY" benchmarks/oppath.py --world 4 --op "$op" --size 1M \
+            --json "$RES/oppath_cpu_$op.json"
+    done
+    run oppath_cpu_all_reduce_async 60 "$PY" benchmarks/oppath.py --world 4 --size 1M --async \
+        --json "$RES/oppath_cpu_all_reduce_async.json"
+    run oppath_cpu_all_reduce_n1 60 "$PY" benchmarks/oppath.py --world 1 --size 1M \
+        --json "$RES/oppath_cpu_all_reduce_n1.json"
+    # CUDA: the hand-off against its earlier behaviour (comm thread, CPU wait on the
+    # producer's marker), interleaved in one run
+    local v="new:;old:inline_cuda=0,gpu_wait=0"
+    run oppath_cuda_all_reduce 120 "$PY" benchmarks/oppath.py --world 4 --size 1M --device cuda \
+        --reps 400 --variants "$v" --json "$RES/oppath_cuda_all_reduce.json"
+    run oppath_cuda_all_reduce_async 120 "$PY" benchmarks/oppath.py --world 4 --size 1M \
+        --device cuda --async --reps 400 --variants "$v;cpu_wait:gpu_wait=0" \
+        --json "$RES/oppath_cuda_all_reduce_async.json"
 }
 
 stage_doctor() {

@@ -6,9 +6,12 @@ hand-off on (an H200 here), and the same staging logic serves MPS without the sh
 * ``prepare`` (caller's thread): a CUDA event recorded on the caller's current stream, right
   after the kernels that produced the tensors (O1); ``record_stream`` tells the caching
   allocator the side stream uses the tensors.
-* comm thread: ``event.synchronize()`` (that event only, never the device), device -> pinned
-  host copies on the side stream, ring on the host copies, host -> device copies on the side
-  stream, completion event; it never enqueues on the caller's stream (O3). A large all-reduce
+* comm thread: the side stream waits for that event on the GPU (never the device), then
+  device -> pinned host copies on the side stream, whose completion event the comm thread
+  waits for (the only sleep on the device), ring on the host copies, host -> device copies
+  on the side stream, completion event; it never enqueues on the caller's stream (O3). A
+  blocking op (``async_op=False``) runs these steps on the caller's thread instead when the
+  group is idle, as on CPU (same side stream). A large all-reduce
   copies range by range (``StagingHandoff.pipeline``): every ring segment's copy out enqueued
   up front with an event each, in the order the ring needs them; the ring waits on a segment's
   event just before it first reads it and enqueues its copy back once it is final.
@@ -48,6 +51,11 @@ class CudaOps:
         ev = torch.cuda.Event(blocking=True)
         ev.record(torch.cuda.current_stream(self.device))
         return ev
+
+    def order_after(self, marker: Fence) -> None:
+        # The side stream waits on the GPU: the copies can be enqueued at once, and the one
+        # wait left on the CPU is for the copy out (O1 without a sleep on the producer).
+        self.side.wait_event(marker)  # type: ignore[arg-type]
 
     @contextmanager
     def _on_side(self):

@@ -9,8 +9,10 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
 * caller's thread, ``prepare``: ``ops.ready()`` records the ready-marker after the kernels
   that produced the inputs (O1). Devices whose comm thread may not touch PyTorch's stream
   (``copy_out_on_caller``) copy device -> host here, before the marker.
-* comm thread, ``acquire``: wait on that marker only; copy device -> host on the adapter's own
-  side stream (``ops.copy_context``) and wait for that copy; return the host tensors.
+* comm thread, ``acquire``: order after that marker only (``ops.order_after``: CUDA makes its
+  side stream wait for it on the GPU, so no thread sleeps on the producer's kernels); copy
+  device -> host on the adapter's own side stream (``ops.copy_context``) and wait for that
+  copy; return the host tensors.
 * comm thread, ``release``: copy host -> device on the side stream and record ``done``;
   host buffers go back to the pool fenced by ``done`` (reused only once the copy finished).
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
@@ -63,6 +65,12 @@ class DeviceOps(Protocol):
 
     def ready(self) -> Fence | None:
         """Caller's thread: marker after the work already queued on the current stream."""
+        ...
+
+    def order_after(self, marker: Fence) -> None:
+        """Comm thread: make the copies enqueued next (``copy_context``) and what reads their
+        results come after ``marker``: a wait on the device's side where it has one, else
+        ``marker.synchronize()``."""
         ...
 
     def copy_context(self) -> AbstractContextManager:
@@ -239,7 +247,7 @@ class StagingHandoff:
 
     def acquire(self) -> list[torch.Tensor]:
         if self._ready is not None:
-            self._ready.synchronize()  # O1: the producer's marker, never the whole device
+            self.ops.order_after(self._ready)  # O1: the producer's marker, never the device
         if self.hosts is None:
             self._stage_out()
         if self._out_fence is not None:
@@ -285,6 +293,9 @@ class HostOps:
 
     def ready(self) -> Fence | None:
         return None
+
+    def order_after(self, marker: Fence) -> None:
+        marker.synchronize()
 
     def copy_context(self) -> AbstractContextManager:
         return nullcontext()

@@ -1,0 +1,65 @@
+"""Set mccl's named constants (and a few switches) from a spec "key=value,...", with undo.
+
+Used at start-up by this folder's sitecustomize (``MCCL_AB``, benchmarks/h200/ab.sh) and at
+run time by benchmarks/oppath.py ``--variants`` (variants interleaved in one run). Keys:
+``inline_max``, ``min_chunk``, ``max_chunk``, ``chunks_per_segment`` (constants, bytes or
+counts); ``sndbuf=N`` fixes every data socket's SO_SNDBUF at N bytes (receive autotuning
+untouched); ``inline_cuda=0`` runs blocking CUDA ops on the comm thread; ``gpu_wait=0``
+makes the comm thread sleep on the producer's marker instead of the side stream waiting for
+it on the GPU.
+Experiment tooling only; the library never reads these."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+_CONSTANTS = {
+    "inline_max": ("mccl.transport.tcp", "INLINE_MAX_BYTES"),
+    "min_chunk": ("mccl.algorithms.base", "MIN_CHUNK_BYTES"),
+    "max_chunk": ("mccl.algorithms.base", "MAX_CHUNK_BYTES"),
+    "chunks_per_segment": ("mccl.algorithms.base", "CHUNKS_PER_SEGMENT"),
+}
+
+
+def _setting(key: str, value: int) -> tuple[object, str, object]:
+    """(owner, attribute, new value) that ``key=value`` stands for."""
+    if key in _CONSTANTS:
+        module, name = _CONSTANTS[key]
+        return importlib.import_module(module), name, value
+    if key == "inline_cuda":
+        return (importlib.import_module("mccl.process_group"), "INLINE_DEVICE_TYPES",
+                frozenset({"cpu", "cuda"} if value else {"cpu"}))
+    if key == "gpu_wait":
+        ops = importlib.import_module("mccl.device.cuda").CudaOps
+        new = ops.order_after if value else (lambda self, marker: marker.synchronize())
+        return ops, "order_after", new
+    if key == "sndbuf":
+        import socket
+
+        from mccl.transport import tcp
+
+        tune = tcp.tune_socket
+
+        def tune_socket(sock, *args, **kwargs):
+            tune(sock, *args, **kwargs)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, value)
+
+        return tcp, "tune_socket", tune_socket
+    raise KeyError(f"unknown A/B key {key!r}")
+
+
+def apply(spec: str) -> Callable[[], None]:
+    """Apply ``spec``; returns the function that puts every changed value back."""
+    undo: list[tuple[object, str, object]] = []
+    for item in filter(None, spec.split(",")):
+        key, value = item.split("=")
+        owner, name, new = _setting(key, int(value))
+        undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def restore() -> None:
+        for owner, name, old in reversed(undo):
+            setattr(owner, name, old)
+
+    return restore

@@ -1,0 +1,142 @@
+"""Where one op's fixed cost goes: timestamps along mccl's path, per stage, medians over ops.
+
+    python benchmarks/oppath.py --world 4 --op all_reduce --size 1M [--device cuda] [--async]
+        [--variants "new:;old:inline_cuda=0,gpu_wait=0"]
+
+Stages (microseconds from the ``torch.distributed`` call): the process group entered (its
+shared all-gather / reduce-scatter body for those),
+``Engine.submit``, ``Engine._execute`` (on the caller's thread when the op runs inline, else on
+the comm thread), the op's body, its first send, ``Work.wait`` returned / the call returned.
+Each op runs after a barrier, so what a previous op left on the wire is not counted. The ranks
+are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link).
+``--variants`` compares settings of mccl's constants (keys: benchmarks/h200/ab/mccl_ab.py) in
+one run, interleaved in rounds, so the machine's drift hits them alike. Tooling only: it
+patches mccl's classes in its own processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "h200" / "ab"))
+
+from mccl.bench.ops import element_count  # noqa: E402
+from mccl.bench.report import parse_size  # noqa: E402
+from mccl.bench.spawn import run_ranks  # noqa: E402
+
+#: The process group method each torch.distributed call reaches.
+PG_METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_flat",
+              "reduce_scatter": "_reduce_scatter_flat"}
+STAGES = ("pg", "submit", "execute", "body", "first_send", "returned")
+WARMUP_OPS = 10
+ROUNDS = 4  # with --variants: each variant runs reps/ROUNDS ops per round
+
+
+def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
+          async_op: bool, variants: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    import warnings
+
+    import mccl_ab
+    import torch
+    import torch.distributed as dist
+
+    from mccl import engine
+
+    warnings.simplefilter("ignore", FutureWarning)  # deprecated *_tensor names: same path
+    now = time.perf_counter
+    st: dict[str, float] = {}
+
+    def stamp(owner: object, name: str, label: str, wrap_body: bool = False) -> None:
+        f = getattr(owner, name)
+
+        def stamped(*a, **k):
+            st.setdefault(label, now())
+            if wrap_body:  # Engine._execute(self, job): stamp the job's body too
+                job = a[1]
+                body = job.body
+
+                def timed_body(ch, hosts):
+                    st.setdefault("body", now())
+                    return body(ch, hosts)
+
+                job.body = timed_body
+            return f(*a, **k)
+
+        setattr(owner, name, stamped)
+
+    pg_cls = type(dist.group.WORLD)
+    stamp(pg_cls, PG_METHODS[op], "pg")
+    stamp(engine.Engine, "submit", "submit")
+    stamp(engine.Engine, "_execute", "execute", wrap_body=True)
+    stamp(engine.OpChannel, "send", "first_send")
+    dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
+    n = element_count(op, size, world, 4)
+    full = torch.ones(n, device=dev)
+    part = torch.ones(n // world, device=dev)
+    run = {"all_reduce": lambda: dist.all_reduce(full, async_op=async_op),
+           "all_gather": lambda: dist.all_gather_into_tensor(full, part, async_op=async_op),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, async_op=async_op)}[op]
+
+    def one() -> dict[str, float]:
+        dist.barrier()
+        st.clear()
+        t0 = now()
+        w = run()
+        if w is not None:
+            w.wait()
+        if device == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        t1 = now()
+        return {k: (v - t0) * 1e6 for k, v in st.items()} | {"returned": (t1 - t0) * 1e6}
+
+    for _ in range(WARMUP_OPS):
+        one()
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    rounds = ROUNDS if len(variants) > 1 else 1
+    for _ in range(rounds):
+        for name, spec in variants:
+            restore = mccl_ab.apply(spec)
+            try:
+                one()  # the first op after a switch is not counted
+                rows[name] += [one() for _ in range(max(1, reps // rounds))]
+            finally:
+                restore()
+    return {name: {k: statistics.median(r[k] for r in rs) for k in STAGES
+                   if all(k in r for r in rs)} for name, rs in rows.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--op", default="all_reduce", choices=sorted(PG_METHODS))
+    ap.add_argument("--size", default="1M")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--async", dest="async_op", action="store_true",
+                    help="async_op=True and wait() (always on the comm thread)")
+    ap.add_argument("--variants", default="base:",
+                    help='"name:key=v,key=v;name2:..." (keys: benchmarks/h200/ab/mccl_ab.py)')
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    variants = [tuple(v.split(":", 1)) for v in a.variants.split(";") if v]
+    res = run_ranks(_rank, a.world, a.op, parse_size(a.size), a.reps, a.device, a.async_op,
+                    variants, timeout=120 + a.reps * 0.1 * len(variants))
+    out = {"world": a.world, "op": a.op, "size": a.size, "device": a.device,
+           "async_op": a.async_op, "variants": a.variants, "stages_us_median": res}
+    for name, stages in res[0].items():
+        line = " ".join(f"{k}={v:.0f}" for k, v in stages.items())
+        print(f"{a.op} {a.size} n={a.world} {a.device} {'async' if a.async_op else 'blocking'} "
+              f"[{name}]: rank0 {line}")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
