@@ -34,7 +34,8 @@ ERROR_FLUSH_S = 1.0
 class OpChannel:
     """The algorithms' Channel for one op: frames tagged with the op's seq and signature."""
 
-    __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued", "_headers")
+    __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued", "_started",
+                 "_headers")
 
     def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float):
         self.mesh = mesh
@@ -44,6 +45,7 @@ class OpChannel:
         self.sig = sig
         self.deadline = deadline
         self._queued: set[int] = set()
+        self._started: set[int] = set()  # peers this op has sent to
         self._headers: dict[int, bytes] = {}  # payload length -> this op's DATA header
 
     def _header(self, nbytes: int) -> bytes:
@@ -57,7 +59,10 @@ class OpChannel:
 
     def send(self, peer: int, buf: np.ndarray) -> bool:
         n = buf.nbytes
-        done = self.mesh.send_frame(peer, self._header(n), buf, n)
+        start = peer not in self._started  # the op's first send there: written at once
+        if start:
+            self._started.add(peer)
+        done = self.mesh.send_frame(peer, self._header(n), buf, n, start=start)
         if not done:
             self._queued.add(peer)
         return done

@@ -401,6 +401,50 @@ def test_small_sends_never_block_on_a_peer_that_does_not_read() -> None:
     mesh.dispose()
 
 
+def _read_frame(reader: socket.socket) -> tuple[int, bytes]:
+    hdr = bytearray(HEADER_SIZE)
+    reader.recv_into(hdr, HEADER_SIZE, socket.MSG_WAITALL)
+    n = unpack_header(bytes(hdr)).length
+    body = bytearray(n)
+    got = 0
+    while got < n:
+        got += reader.recv_into(memoryview(body)[got:], n - got)
+    return n, bytes(body)
+
+
+def test_an_ops_first_large_send_is_written_at_once_and_the_rest_queued_in_order() -> None:
+    """``start``: the calling thread writes what the idle socket takes, without blocking on a
+    peer that does not read, and queues the rest as a view (False: keep the buffer until
+    flush). A frame queued by another thread meanwhile, and the op's later frames, arrive
+    after it, each intact."""
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    big = np.arange(8 << 20, dtype=np.uint8)  # 8 MiB: more than the socket buffers hold
+    t, out = in_thread(lambda: mesh.send_frame(
+        1, pack_header(DATA, SIG, GROUP, 7, big.nbytes), big, big.nbytes, start=True))
+    t.join(20)
+    assert not t.is_alive(), "the first large send blocked on a peer that is not reading"
+    assert out.get("value") is False  # partly queued: the buffer must stay until flush
+    assert mesh.peer(1)._pending == 1
+    # another thread's frame (a p2p send) and a later chunk go behind the queued rest
+    later = np.full(100 << 10, 3, dtype=np.uint8)
+    p2p = np.full(1000, 9, dtype=np.uint8)
+    mesh.send(1, DATA, SIG, 8, p2p)
+    assert mesh.send_frame(1, pack_header(DATA, SIG, GROUP, 7, later.nbytes), later,
+                           later.nbytes, start=True) is False  # busy: queued, not written
+    reader = far[1]
+    reader.settimeout(20)
+    assert _read_frame(reader) == (big.nbytes, big.tobytes())
+    assert _read_frame(reader) == (p2p.nbytes, p2p.tobytes())
+    assert _read_frame(reader) == (later.nbytes, later.tobytes())
+    mesh.flush([1])
+    # an idle socket takes a frame that fits whole: written, reusable at once
+    small_big = np.full(200 << 10, 5, dtype=np.uint8)
+    assert mesh.send_frame(1, pack_header(DATA, SIG, GROUP, 9, small_big.nbytes), small_big,
+                           small_big.nbytes, start=True) is True
+    assert _read_frame(reader) == (small_big.nbytes, small_big.tobytes())
+    mesh.dispose()
+
+
 def test_dead_bystander_is_noticed_while_blocked() -> None:
     """Rank 0 waits for rank 1; rank 2 dies (EOF without BYE): rank 0 fails naming rank 2."""
     mesh, far = make_mesh(3, timeout_s=60.0)

@@ -210,40 +210,57 @@ class Peer:
         with self._count_lock:  # put under the lock: nothing may follow stop()'s sentinel
             if self._stopping:
                 raise PeerError(self.rank, f"connection to rank {self.rank} is closed")
-            self._pending += 1
-            if self._thread is None:
-                self._start()
-            self._q.put((header, payload, on_done))
+            self._put(header, payload, on_done)
 
-    def send_inline(self, header: bytes, payload) -> bool:
-        """Write a small frame now if nothing is queued ahead of it; False if busy.
+    def _put(self, header: bytes, payload, on_done) -> None:
+        """``enqueue`` with ``_count_lock`` held."""
+        self._pending += 1
+        if self._thread is None:
+            self._start()
+        self._q.put((header, payload, on_done))
 
-        Never blocks: whatever the socket buffer does not take at once is copied and queued
-        for the sender thread. (Blocking here deadlocked rings of small chunks: every rank
-        stuck writing to its full neighbour, none reading.)"""
+    def write_now(self, header: bytes, payload, copy_rest: bool,
+                  on_done: Callable[[BaseException | None], None] | None = None) -> bool | None:
+        """Write a frame from the calling thread if nothing is queued ahead of it (None: busy,
+        queue it instead). Never blocks: what the socket buffer does not take at once is queued
+        for the sender thread, copied (``copy_rest``: True is returned, the caller may reuse
+        ``payload``) or as a view of ``payload`` (False: it must stay unchanged until written,
+        ``on_done`` is called then). (Blocking here deadlocked rings of small chunks: every
+        rank stuck writing to its full neighbour, none reading.)
+
+        The check, the write and the queueing of the rest happen under ``_count_lock``, so a
+        frame another thread queues meanwhile (a p2p send) goes behind the rest, not into the
+        middle of this frame."""
         if not self._write_lock.acquire(blocking=False):
-            return False
+            return None
         try:
             with self._count_lock:
-                if self._pending:
-                    return False
-            if self.send_error is not None:
-                raise self._send_failure()
-            frame = [header, _as_bytes(payload)] if payload is not None else [header]
-            total = sum(len(part) for part in frame)
-            try:
+                if self._pending or self._stopping:
+                    return None
+                if self.send_error is not None:
+                    raise self._send_failure()
+                mv = _as_bytes(payload) if payload is not None else None
+                frame = [header, mv] if mv is not None else [header]
+                total = len(header) + (len(mv) if mv is not None else 0)
                 try:
-                    sent = self.sock.sendmsg(frame, [], _DONTWAIT)
-                except _TIMEOUTS:
-                    sent = 0
+                    try:
+                        sent = self.sock.sendmsg(frame, [], _DONTWAIT)
+                    except _TIMEOUTS:
+                        sent = 0
+                    if sent == total:
+                        self._push()
+                except OSError as e:
+                    self.send_error = e
+                    raise self._send_failure() from e
                 if sent == total:
-                    self._push()
-            except OSError as e:
-                self.send_error = e
-                raise self._send_failure() from e
-            if sent < total:
-                self.enqueue(b"", b"".join(bytes(part) for part in frame)[sent:])
-            return True
+                    return True
+                head = header[sent:]
+                rest = mv[max(sent - len(header), 0):] if mv is not None else b""
+                if copy_rest:
+                    self._put(b"", head + bytes(rest), None)
+                    return True
+                self._put(head, rest, on_done)
+                return False
         finally:
             self._write_lock.release()
 
@@ -475,16 +492,26 @@ class Mesh:
                                nbytes, on_done)
 
     def send_frame(self, peer: int, header: bytes, payload, nbytes: int,
-                   on_done: Callable[[BaseException | None], None] | None = None) -> bool:
-        """``send`` with the header already packed (an op reuses one per chunk length)."""
+                   on_done: Callable[[BaseException | None], None] | None = None,
+                   start: bool = False) -> bool:
+        """``send`` with the header already packed (an op reuses one per chunk length).
+
+        Small frames are written by the calling thread when the connection is idle (else
+        copied and queued). A large one is queued zero-copy for the sender thread, except with
+        ``start`` (an op's first send to this peer): then the calling thread writes what the
+        idle socket takes at once, so the link does not wait for the sender thread to wake up
+        (on a loaded host that took milliseconds), and queues the rest."""
         p = self.peer(peer)
         if p.send_error is not None:
             raise p._send_failure()
         if nbytes <= INLINE_MAX_BYTES:
-            if p.send_inline(header, payload):
-                return True
-            p.enqueue(header, bytes(_as_bytes(payload)) if nbytes else b"")
+            if p.write_now(header, payload, copy_rest=True) is None:
+                p.enqueue(header, bytes(_as_bytes(payload)) if nbytes else b"")
             return True
+        if start:
+            done = p.write_now(header, payload, copy_rest=False, on_done=on_done)
+            if done is not None:
+                return done
         p.enqueue(header, payload, on_done)
         return False
 

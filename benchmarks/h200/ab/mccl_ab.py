@@ -6,7 +6,8 @@ run time by benchmarks/oppath.py ``--variants`` (variants interleaved in one run
 counts); ``sndbuf=N`` fixes every data socket's SO_SNDBUF at N bytes (receive autotuning
 untouched); ``inline_cuda=0`` runs blocking CUDA ops on the comm thread; ``gpu_wait=0``
 makes the comm thread sleep on the producer's marker instead of the side stream waiting for
-it on the GPU.
+it on the GPU; ``start_write=0`` queues an op's first large send to the sender thread like
+the others instead of writing it at once.
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
         ops = importlib.import_module("mccl.device.cuda").CudaOps
         new = ops.order_after if value else (lambda self, marker: marker.synchronize())
         return ops, "order_after", new
+    if key == "start_write":
+        mesh = importlib.import_module("mccl.transport.tcp").Mesh
+        send_frame = mesh.send_frame
+        if not value:
+            def queued(self, peer, header, payload, nbytes, on_done=None, start=False):
+                return send_frame(self, peer, header, payload, nbytes, on_done)
+
+            return mesh, "send_frame", queued
+        return mesh, "send_frame", send_frame
     if key == "sndbuf":
         import socket
 
