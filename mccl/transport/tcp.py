@@ -2,8 +2,9 @@
 and framed receives straight into caller memory.
 
 One thread owns each socket direction: the peer's sender thread writes, the group's comm
-thread reads. Small payloads may be written inline by the comm thread, under the peer's send
-lock, when the sender thread has nothing queued (saves a thread hand-off per message).
+thread reads. Small payloads, and an op's first large one, may be written inline by the comm
+thread, under the peer's send lock, when the sender thread has nothing queued (saves a thread
+hand-off per message, and the link does not wait for the sender thread at an op's start).
 
 Failure semantics (never hang, never corrupt): a blocked receive wakes every ``probe_s``
 (SO_RCVTIMEO) and, off the hot path, looks at the other connections: error frames, dead peers
