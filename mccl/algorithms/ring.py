@@ -141,15 +141,15 @@ def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = No
     receives, so it never holds up the upstream rank."""
     w, r = ch.size, ch.rank
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    if w > 1:
+        for c in chunks(mine if mine is not None else segs[r], k):
+            if c.size:
+                ch.send(nxt, c)
+    # after the first sends (off their path): is the local copy needed at all?
     copies: list[tuple[np.ndarray, np.ndarray]] = []
     if mine is not None and segs[r].ctypes.data != mine.ctypes.data:
         copies = list(zip(chunks(segs[r], k), chunks(mine, k), strict=True))
-    src = mine if copies else segs[r]
-    nxt, prv = (r + 1) % w, (r - 1) % w
-    if w > 1:
-        for c in chunks(src, k):
-            if c.size:
-                ch.send(nxt, c)
     for s in range(w - 1):
         forward = s < w - 2
         for c in chunks(segs[(r - s - 1) % w], k):
