@@ -120,8 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("ddp_cuda: no CUDA GPU here", file=sys.stderr)
         return 2
+    with tempfile.TemporaryDirectory(prefix="mccl-ddp-") as tmp:  # the ranks' saved params
+        return _compare(args, tmp)
+
+
+def _compare(args: argparse.Namespace, tmp: str) -> int:
+    """Run each backend, compare throughput and the final parameters (saved under tmp)."""
+    import torch
+
     rows, saved = [], {}
-    tmp = tempfile.mkdtemp(prefix="mccl-ddp-")
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         cfg = {k: getattr(args, k) for k in ("width", "layers", "seq", "batch", "steps",
                                             "warmup", "device")}
