@@ -161,6 +161,39 @@ def test_ranged_all_reduce_on_cuda_tensors() -> None:
     assert all(run_ranks(_ranged, 2, timeout=240))
 
 
+def _queued(rank: int, world: int) -> bool:
+    """DDP's pattern: each bucket's op is issued right after its producer kernels, while the
+    ops before it are still queued or running; then ops that read what a pending op writes
+    back (issue order must hold)."""
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    sizes = [300_000, 2_500_000, 50_000, 2_500_000]  # whole and ranged copies
+    bufs, works = [], []
+    for i, n in enumerate(sizes):
+        t = torch.zeros(n, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES // 4)
+        t.fill_(rank + i)
+        bufs.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+    c = torch.ones(2_500_000, device=dev)
+    works += [dist.all_reduce(c, async_op=True) for _ in range(2)]  # reads the first's result
+    out = torch.empty(world * 2_500_000, device=dev)
+    works.append(dist.all_gather_into_tensor(out, c, async_op=True))  # reads it too
+    for w in works:
+        w.wait()
+    for i, t in enumerate(bufs):
+        assert (t * 1).min().item() == (t * 1).max().item() == sum(r + i for r in range(world))
+    assert (c * 1).min().item() == world * world
+    assert (out * 1).min().item() == (out * 1).max().item() == world * world
+    return True
+
+
+def test_queued_ops_on_cuda_tensors() -> None:
+    assert all(run_ranks(_queued, 2, timeout=180))
+
+
 def _ddp(rank: int, world: int) -> list:
     from tests.ddp_model import train_ddp
 

@@ -129,6 +129,13 @@ def _mps_ops(rank: int, world: int, unified: bool) -> bool:
     out = torch.empty(world * 2)
     dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
     assert torch.equal(out, torch.arange(world).float().repeat_interleave(2))
+    # one tensor twice without a wait between: the second op reads the first one's result
+    # (staging: its copy out waits for the first op's copy back)
+    c = torch.ones(20_000)
+    works = [dist.all_reduce(c, async_op=True) for _ in range(2)]
+    for w in works:
+        w.wait()
+    assert torch.equal(c, torch.full((20_000,), float(world * world)))
     events = len(FakeMpsEvent.instances)
     return events > 0 if unified else events == 0
 

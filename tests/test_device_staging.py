@@ -111,6 +111,32 @@ def test_copies_run_on_the_comm_thread_unless_the_device_forbids_it() -> None:
     assert ops.copies == [("out", me), ("back", "comm")]
 
 
+def test_a_caller_copy_of_what_an_earlier_op_writes_back_waits_for_that_op() -> None:
+    """A one-stream device copies out on the caller's thread, except a storage an op issued
+    before still has to copy back into: that op's copy out moves to the comm thread, after
+    the copy back (so it reads the earlier op's result, as the issue order says)."""
+    adapter, ops = _adapter(copy_out_on_caller=True, copy_delay=0.005)
+    t, out, u = torch.ones(100), torch.zeros(100), torch.ones(10)
+    h1 = adapter.prepare([t], [True], [True])  # all_reduce(t)
+    h2 = adapter.prepare([out, t], [False, True], [True, False])  # gathers t into out
+    h3 = adapter.prepare([u], [True], [True])  # unrelated
+    me = threading.current_thread().name
+    assert ops.copies == [("out", me), ("out", me)]  # t for h1, u for h3; not t for h2
+
+    def comm() -> torch.Tensor:
+        h1.acquire()[0].mul_(3)
+        h1.release()
+        seen = h2.acquire()[1].clone()
+        h2.release()
+        h3.acquire()
+        h3.release()
+        return seen
+
+    assert torch.equal(on_thread(comm), torch.full((100,), 3.0))
+    assert ops.copies[2:4] == [("back", "comm"), ("out", "comm")]
+    assert not adapter.pending._count  # every write was released
+
+
 def test_host_buffers_are_pooled_and_reused_only_after_their_fence() -> None:
     adapter, ops = _adapter(copy_delay=0.01)
     for i in range(5):
@@ -376,6 +402,22 @@ def _collectives_through_fake_staging(rank: int, world: int, on_caller: bool) ->
         dist.recv(r, src=0)
         ops.current.synchronize()
         assert torch.equal(r, torch.arange(3.0))
+
+    # DDP's pattern: buckets queued while earlier ones run; then one tensor twice in a row
+    # without a wait between (the second op reads what the first writes back)
+    bufs = [torch.zeros(20_000) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        slow_fill(ops.current, b, float(rank + i), delay=0.01)
+    works = [dist.all_reduce(b, async_op=True) for b in bufs]
+    c = torch.zeros(20_000)
+    slow_fill(ops.current, c, 1.0, delay=0.01)
+    works += [dist.all_reduce(c, async_op=True), dist.all_reduce(c, async_op=True)]
+    for w in works:
+        w.wait()
+    ops.current.synchronize()
+    for i, b in enumerate(bufs):
+        assert torch.equal(b, torch.full((20_000,), float(sum(r + i for r in range(world)))))
+    assert torch.equal(c, torch.full((20_000,), float(world * world)))
     dist.barrier()
     return f"allocs={ops.host_allocs}"
 

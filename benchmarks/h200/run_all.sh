@@ -16,6 +16,7 @@
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
 #             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
+#             (VIT_VARIANTS: mccl A/B variants beside gloo, see stage_vit)
 #   suite     the whole test suite on this torch (compatibility with torch 2.11)
 #
 # Results: JSON/PNG/logs in $RES (default /tmp/mccl-h200), bundled into $OUT/h200_results.tar.gz
@@ -153,13 +154,19 @@ stage_cluster() {
 
 stage_vit() {
     # DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts (the ranks
-    # share the one GPU), once per backend: step time, no-sync compute, bare comm, hidden %.
+    # share the one GPU): step time, no-sync compute, bare comm, hidden %. VIT_VARIANTS
+    # "name:spec ..." (default "mccl: gloo:"): a name starting with gloo runs gloo, any other
+    # mccl with MCCL_AB=spec (benchmarks/h200/ab/mccl_ab.py), in the order given.
     need_ip
-    local b
-    for b in mccl gloo; do
-        run "vit10g_$b" 200 "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
-            --backend "$b" --script benchmarks/vit_ddp_step.py -- --device cuda --batch 32 \
-            --json "$RES/vit10g_$b.json"
+    local v name backend
+    for v in ${VIT_VARIANTS:-mccl: gloo:}; do
+        name=${v%%:*} backend=mccl
+        case $name in gloo*) backend=gloo ;; esac
+        run "vit10g_$name" 200 env MCCL_AB="${v#*:}" \
+            PYTHONPATH="$REPO/benchmarks/h200/ab:$PYTHONPATH" \
+            "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
+            --backend "$backend" --script benchmarks/vit_ddp_step.py -- --device cuda \
+            --batch 32 --json "$RES/vit10g_$name.json"
     done
 }
 

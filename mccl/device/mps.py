@@ -16,7 +16,9 @@ alias refuses, e.g. not shared): device -> host copies on the caller's thread in
 (blocking MPS copies, so no marker is needed), ring on host buffers, host -> device copy on the
 comm thread in ``release``. That copy back is the one place a comm thread enqueues MPS work:
 MPS has a single stream and no side stream to use, and the copy must land before the Future
-completes, because DDP's reducer waits on the Future and never calls ``Work.wait()``.
+completes, because DDP's reducer waits on the Future and never calls ``Work.wait()``. (One
+exception: an op that reads a tensor an op issued before it has not copied back yet is
+copied out by the comm thread, after that copy back; see ``staging.PendingWrites``.)
 
 Only the API lookups below are MPS-specific; tests replace them with fakes. This module has
 not run on Apple hardware in this repository's CI.
@@ -30,7 +32,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from .staging import HostOps, HostPool, StagingHandoff
+from .staging import HostOps, HostPool, PendingWrites, StagingHandoff
 
 log = logging.getLogger("mccl.device")
 
@@ -98,6 +100,7 @@ class MpsAdapter:
                         "use the staging copies", torch.__version__, ALIAS_API)
         self.ops = MpsStagingOps()
         self.pool = pool if pool is not None else HostPool(self.ops.alloc_host)
+        self.pending = PendingWrites()
         self._warned = False
 
     @property
@@ -117,4 +120,4 @@ class MpsAdapter:
                 event = new_event()
                 event.record()
                 return UnifiedHandoff(hosts, event)
-        return StagingHandoff(self.ops, self.pool, tensors, reads, writes)
+        return StagingHandoff(self.ops, self.pool, tensors, reads, writes, self.pending)

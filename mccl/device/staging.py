@@ -8,7 +8,10 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
 
 * caller's thread, ``prepare``: ``ops.ready()`` records the ready-marker after the kernels
   that produced the inputs (O1). Devices whose comm thread may not touch PyTorch's stream
-  (``copy_out_on_caller``) copy device -> host here, before the marker.
+  (``copy_out_on_caller``) copy device -> host here, before the marker, except when an op
+  issued before this one has yet to copy back into a storage this one reads
+  (``PendingWrites``): then the comm thread copies out in ``acquire``, after that copy back
+  (torch leaves reusing a tensor before its op completed undefined; mccl keeps issue order).
 * comm thread, ``acquire``: order after that marker only (``ops.order_after``: CUDA makes its
   side stream wait for it on the GPU, so no thread sleeps on the producer's kernels); copy
   device -> host on the adapter's own side stream (``ops.copy_context``) and wait for that
@@ -149,25 +152,64 @@ def _host_like(buf: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return buf.view(t.dtype).view(t.shape)
 
 
+def _storages(tensors: Sequence[torch.Tensor], which: Sequence[bool]) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t, w in zip(tensors, which, strict=True)
+            if w and t.numel()]
+
+
+class PendingWrites:
+    """Device storages that issued staged ops will copy back into and have not yet (counted
+    per storage). A later op that reads one of them must not copy it out before that copy
+    back: it would read the bytes from before that op's result."""
+
+    def __init__(self) -> None:
+        self._count: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, reads: list[int], writes: list[int]) -> bool:
+        """Register ``writes``; True if one of ``reads`` is written by an op added earlier."""
+        with self._lock:
+            hit = any(p in self._count for p in reads)
+            for p in writes:
+                self._count[p] = self._count.get(p, 0) + 1
+            return hit
+
+    def remove(self, writes: list[int]) -> None:
+        with self._lock:
+            for p in writes:
+                left = self._count[p] - 1
+                if left:
+                    self._count[p] = left
+                else:
+                    del self._count[p]
+
+
 class StagingHandoff:
     """One op's staged hand-off (see the module docstring for who runs what where)."""
 
     def __init__(self, ops: DeviceOps, pool: HostPool, tensors: Sequence[torch.Tensor],
-                 reads: Sequence[bool], writes: Sequence[bool]):
+                 reads: Sequence[bool], writes: Sequence[bool],
+                 pending: PendingWrites | None = None):
         self.ops = ops
         self.pool = pool
         self.tensors = list(tensors)
         self.reads = list(reads)
         self.writes = list(writes)
         self.hosts: list[torch.Tensor] | None = None
+        self._pending = pending
+        self._written: list[int] = []
+        after_writes = False  # an op issued earlier still writes what this one reads
+        if pending is not None:
+            self._written = _storages(self.tensors, self.writes)
+            after_writes = pending.add(_storages(self.tensors, self.reads), self._written)
         self._bufs: list[torch.Tensor | None] = []
         self._done: Fence | None = None
         self._out_fence: Fence | None = None
         self._ranges: list[tuple[int, int]] | None = None  # element ranges (pipeline())
         self._range_fences: list[Fence | None] = []
         self._backed: list[bool] = []  # ranges whose copy back is enqueued
-        if ops.copy_out_on_caller:
-            self._stage_out()
+        if ops.copy_out_on_caller and not after_writes:
+            self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
 
     def pipeline(self, ranges: Sequence[tuple[int, int]]) -> bool:
@@ -270,6 +312,9 @@ class StagingHandoff:
                         self.ops.copy(t, h)
                         copied = True
             self._done = self.ops.fence() if copied else None
+        if self._pending is not None:
+            self._pending.remove(self._written)
+            self._written = []
         for buf, w in zip(self._bufs, self.writes, strict=True):
             if buf is not None:
                 self.pool.give(buf, self._done if w else None)
@@ -323,7 +368,8 @@ class StagingAdapter:
         self.device_type = device_type
         self.ops = ops
         self.pool = pool if pool is not None else HostPool(ops.alloc_host)
+        self.pending = PendingWrites()
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
                 writes: Sequence[bool]) -> StagingHandoff:
-        return StagingHandoff(self.ops, self.pool, tensors, reads, writes)
+        return StagingHandoff(self.ops, self.pool, tensors, reads, writes, self.pending)
