@@ -75,7 +75,7 @@ def socket_limits() -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if sys.platform.startswith("linux"):
         for key in ("net/core/rmem_max", "net/core/wmem_max", "net/ipv4/tcp_rmem",
-                    "net/ipv4/tcp_wmem"):
+                    "net/ipv4/tcp_wmem", "net/ipv4/tcp_congestion_control"):
             try:
                 with open(f"/proc/sys/{key}") as f:
                     limits[key.replace("/", ".")] = " ".join(f.read().split())
@@ -84,7 +84,7 @@ def socket_limits() -> dict[str, Any]:
     elif sys.platform == "darwin":
         limits.update(_sysctl(["kern.ipc.maxsockbuf", "net.inet.tcp.sendspace",
                                "net.inet.tcp.recvspace", "net.inet.tcp.autorcvbufmax",
-                               "net.inet.tcp.autosndbufmax"]))
+                               "net.inet.tcp.autosndbufmax", "net.inet.tcp.cc.algorithm"]))
     limits["mccl_requested_bytes"] = SOCKET_BUFFER_BYTES
     limits["mccl_sets_buffers"] = _buffer_cap_allows(SOCKET_BUFFER_BYTES)
     return limits

@@ -78,6 +78,9 @@ def machine_info() -> dict[str, Any]:
                     info["cpu"] = line.split(":", 1)[1].strip()
                     break
             info["kernel"] = platform.release()
+            # the congestion control shapes how a flow rides out reordering and loss
+            info["tcp_congestion_control"] = Path(
+                "/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
         except OSError:
             pass
     return info

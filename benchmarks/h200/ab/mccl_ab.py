@@ -7,7 +7,10 @@ counts); ``sndbuf=N`` fixes every data socket's SO_SNDBUF at N bytes (receive au
 untouched); ``inline_cuda=0`` runs blocking CUDA ops on the comm thread; ``gpu_wait=0``
 makes the comm thread sleep on the producer's marker instead of the side stream waiting for
 it on the GPU; ``start_write=0`` queues an op's first large send to the sender thread like
-the others instead of writing it at once.
+the others instead of writing it at once; ``quickack=1`` sets TCP_QUICKACK on a data socket
+before every blocking receive (Linux: ACK at once, not when the reader gets to the data);
+``notsent=N`` sets TCP_NOTSENT_LOWAT to N bytes (-1: the kernel's unlimited default); ``cc=1`` / ``cc=2`` pick the reno / bbr
+congestion control for the data sockets (where the kernel has it).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -44,6 +47,33 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
 
             return mesh, "send_frame", queued
         return mesh, "send_frame", send_frame
+    if key == "quickack":
+        import socket
+
+        peer = importlib.import_module("mccl.transport.tcp").Peer
+        recv_exact = peer.recv_exact
+
+        def quick(self, buf):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+            return recv_exact(self, buf)
+
+        return peer, "recv_exact", quick if value else recv_exact
+    if key in ("notsent", "cc"):
+        import socket
+
+        from mccl.transport import tcp
+
+        tune = tcp.tune_socket
+        name = {1: b"reno", 2: b"bbr"}.get(value, b"cubic")
+
+        def tune_more(sock, *args, **kwargs):
+            tune(sock, *args, **kwargs)
+            if key == "notsent":
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, value)
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
+
+        return tcp, "tune_socket", tune_more
     if key == "sndbuf":
         import socket
 
