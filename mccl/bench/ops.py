@@ -99,13 +99,15 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
     elif op == "all_gather":
         inp = torch.zeros(chunk, dtype=dt, device=device)
         out = torch.zeros(count, dtype=dt, device=device)
+        # torch 2.13 renamed the flat forms (the old names warn); 2.11 has only the old ones
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
         def run() -> None:
-            dist.all_gather_into_tensor(out, inp)
+            gather(out, inp)
 
         def check() -> bool:
             inp.copy_(pattern(chunk, rank))
-            dist.all_gather_into_tensor(out, inp)
+            gather(out, inp)
             want = torch.cat([pattern(chunk, r) for r in range(n)])
             return close(out, want)
 
@@ -113,12 +115,14 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
         inp = torch.zeros(count, dtype=dt, device=device)
         out = torch.zeros(chunk, dtype=dt, device=device)
 
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
         def run() -> None:
-            dist.reduce_scatter_tensor(out, inp)
+            scatter(out, inp)
 
         def check() -> bool:
             inp.copy_(pattern(count, rank))
-            dist.reduce_scatter_tensor(out, inp)
+            scatter(out, inp)
             full = pattern(count, 0).to(torch.int64) * n + n * (n - 1) // 2
             return close(out, full[rank * chunk:(rank + 1) * chunk].to(dt))
 

@@ -9,8 +9,9 @@ makes the comm thread sleep on the producer's marker instead of the side stream 
 it on the GPU; ``start_write=0`` queues an op's first large send to the sender thread like
 the others instead of writing it at once; ``quickack=1`` sets TCP_QUICKACK on a data socket
 before every blocking receive (Linux: ACK at once, not when the reader gets to the data);
-``notsent=N`` sets TCP_NOTSENT_LOWAT to N bytes (-1: the kernel's unlimited default); ``cc=1`` / ``cc=2`` pick the reno / bbr
-congestion control for the data sockets (where the kernel has it).
+``notsent=N`` sets TCP_NOTSENT_LOWAT to N bytes (-1: the kernel's unlimited default);
+``cc=1`` / ``cc=2`` pick the reno / bbr congestion control for the data sockets (where the
+kernel has it).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
