@@ -190,7 +190,8 @@ def test_torchrun_env_init(tmp_path) -> None:
     script.write_text(TORCHRUN_SCRIPT)
     port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-           "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)]
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
+           "--log-dir", str(tmp_path / "torchrun"), str(script)]  # else a dir left in /tmp
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

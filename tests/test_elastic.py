@@ -25,6 +25,7 @@ def test_killed_worker_restarts_and_resumes(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--max-restarts", "2", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           "--log-dir", str(tmp_path / "torchrun"),  # else torchrun leaves a dir in /tmp
            str(ROOT / "examples" / "elastic_train.py"), "--steps", "30", "--ckpt-every", "5",
            "--crash-at-step", "17", "--ckpt-dir", str(tmp_path), "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
