@@ -248,7 +248,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
-                segment_ranges(tensors[0].numel(), self.size(), self.rank())):
+                lambda: segment_ranges(tensors[0].numel(), self.size(), self.rank())):
             body = lambda ch, h: segmented(ch, h, handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)

@@ -257,7 +257,7 @@ def test_ranges_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
     _produce(ops, t, want)  # still running at prepare: acquire must wait for the marker (O1)
     h = adapter.prepare([t], [True], [True])
     ranges = [(500, 1001), (0, 250), (250, 500)]  # any tiling, in the order the body uses it
-    assert h.pipeline(ranges)
+    assert h.pipeline(lambda: ranges)
 
     def comm() -> list:
         host = h.acquire()[0].view(-1)
@@ -298,7 +298,7 @@ def test_release_copies_back_the_ranges_not_copied_back(monkeypatch) -> None:
     t = torch.arange(777.0)
     h = adapter.prepare([t], [True], [True])
     ranges = segment_ranges(777, 3, 1)
-    assert h.pipeline(ranges)
+    assert h.pipeline(lambda: ranges)
 
     def comm() -> None:
         host = h.acquire()[0].view(-1)
@@ -319,15 +319,17 @@ def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatc
     _small_ranges(monkeypatch)
     adapter, _ = _adapter()
     big, small = torch.ones(1000), torch.ones(10)
-    whole = [(0, 1000)]
-    assert not adapter.prepare([small], [True], [True]).pipeline([(0, 10)])  # below it
-    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline(whole)
-    assert not adapter.prepare([big], [True], [False]).pipeline(whole)
-    assert not adapter.prepare([big], [False], [True]).pipeline(whole)
+    def never() -> list:
+        raise AssertionError("ranges built for an op that is not staged by range")
+
+    assert not adapter.prepare([small], [True], [True]).pipeline(never)  # below it
+    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline(never)
+    assert not adapter.prepare([big], [True], [False]).pipeline(never)
+    assert not adapter.prepare([big], [False], [True]).pipeline(never)
     # a one-stream device (MPS staging) copies out on the caller before the marker: no ranges
     adapter, ops = _adapter(copy_out_on_caller=True)
     h = adapter.prepare([big], [True], [True])
-    assert not h.pipeline(whole)
+    assert not h.pipeline(never)
     on_thread(lambda: (h.acquire()[0].mul_(3), h.release()))
     ops.current.synchronize()
     assert torch.equal(big, torch.full((1000,), 3.0))
@@ -342,7 +344,7 @@ def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
     for i in range(4):
         t = torch.full((600,), float(i))
         h = adapter.prepare([t], [True], [True])
-        assert h.pipeline(ranges)
+        assert h.pipeline(lambda: ranges)
 
         def comm(h: StagingHandoff = h) -> None:
             host = h.acquire()[0].view(-1)

@@ -22,8 +22,9 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
   ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
 
 Ranges (all-reduce of one large tensor, where the comm thread does the copies): ``pipeline``
-on the caller's thread takes the element ranges of the tensor in the order the collective first
-needs them (the ring's segments, ``ring.segment_ranges``). ``acquire`` then enqueues every
+on the caller's thread takes a function giving the element ranges of the tensor in the order
+the collective first needs them (the ring's segments, ``ring.segment_ranges``), called only if
+the op is staged by range. ``acquire`` then enqueues every
 range's device -> host copy in that order, each followed by its own fence, and waits for none
 of them; the body calls ``wait_range(i)`` before it first touches range i (that range's fence
 only) and ``copy_back(i)`` once range i holds its result, which enqueues its host -> device
@@ -212,10 +213,12 @@ class StagingHandoff:
             self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
 
-    def pipeline(self, ranges: Sequence[tuple[int, int]]) -> bool:
+    def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]]]) -> bool:
         """Caller's thread, before submission: stage the one read-and-written tensor range by
-        range if it is large enough and the comm thread does the copies. ``ranges`` are element
-        ranges of its flat view that tile it, in the order the body first needs them. True:
+        range if it is large enough and the comm thread does the copies. ``ranges()`` gives
+        element ranges of its flat view that tile it, in the order the body first needs them;
+        it is called only then (most ops are not staged by range, and building the ranges is
+        O(ranks) on the caller's thread). True:
         the body must call :meth:`wait_range` before it touches a range (``acquire`` no longer
         waits for the data) and may call :meth:`copy_back` once a range is final."""
         if (self.ops.copy_out_on_caller or self.hosts is not None or len(self.tensors) != 1
@@ -224,7 +227,7 @@ class StagingHandoff:
         t = self.tensors[0]
         if t.numel() * t.element_size() < PIPELINE_MIN_BYTES:
             return False
-        self._ranges = list(ranges)
+        self._ranges = list(ranges())
         self._backed = [False] * len(self._ranges)
         return True
 
