@@ -26,12 +26,15 @@ class Kind(IntEnum):
     MONITORED_BARRIER = 11
 
 
-DTYPES: list[torch.dtype] = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-    torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
-]
-DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+#: Wire codes of dtypes are positions in this list (append only: ranks must agree). Named, so
+#: a torch without one of them keeps the others' codes (its slot is None there).
+_DTYPE_NAMES = (
+    "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
+    "bool", "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn",
+    "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "complex32",
+)
+DTYPES: list[torch.dtype | None] = [getattr(torch, n, None) for n in _DTYPE_NAMES]
+DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES) if d is not None}
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -62,7 +65,8 @@ def describe(sig: Signature) -> str:
         except ValueError:
             parts.append(f"redop{sig.redop}")
     if sig.dtype:
-        parts.append(str(DTYPES[sig.dtype - 1]) if sig.dtype <= len(DTYPES) else "dtype?")
+        known = DTYPES[sig.dtype - 1] if sig.dtype <= len(DTYPES) else None
+        parts.append(str(known) if known is not None else "dtype?")
     if sig.count or sig.op in _COUNTED:  # "0 elements" matters in a count mismatch
         parts.append(f"{sig.count} elements")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):

@@ -7,6 +7,7 @@ no ring maths here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
 from .ops import Kind, describe, signature
-from .reduce import SUPPORTED_DTYPES, Op, check
+from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.rendezvous import choose_address, connect_mesh
 from .transport.tcp import Mesh
@@ -49,6 +50,18 @@ _REDOPS = {
 
 
 _REDOP_OF_CODE = {int(k): v for k, v in _REDOPS.items()}
+
+
+#: Quantized dtypes carry a scale and zero point besides their bytes: not moved as bytes.
+_QUANTIZED = frozenset(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2",
+                                                   "quint2x4") if hasattr(torch, n))
+
+
+@functools.cache
+def _movable(dtype: torch.dtype) -> bool:
+    """Every op moves bytes (reductions check their dtype on top): any dtype stored in whole
+    bytes will do, float8 and the unsigned types included; quantized ones do not."""
+    return dtype not in _QUANTIZED and dtype.itemsize >= 1
 
 
 def _redop(op) -> Op:
@@ -161,9 +174,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if not t.is_contiguous():
                 raise ValueError(f"mccl {op}: tensor of shape {tuple(t.shape)} is not contiguous;"
                                  " call .contiguous() first")
-            if t.dtype not in SUPPORTED_DTYPES and t.dtype not in (
-                    torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64):
-                raise TypeError(f"mccl {op}: unsupported dtype {t.dtype}")
+            if not _movable(t.dtype):
+                raise TypeError(f"mccl {op}: unsupported dtype {t.dtype} (quantized tensors "
+                                "are not supported)")
             if device is None:
                 device = t.device
             elif t.device != device:

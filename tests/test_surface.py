@@ -149,6 +149,24 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
                                    op=dist.ReduceOp.MIN)
         c.eq("reduce_scatter_tensor MIN", o, torch.arange(2 * rank, 2 * rank + 2,
                                                          dtype=torch.int32))
+        # ops that only move bytes take any dtype whose elements view as bytes (float8 here,
+        # as FSDP's float8 all-gather sends); a reduction of one says so
+        f8 = torch.float8_e4m3fn
+
+        def eight(r: int) -> torch.Tensor:
+            return torch.tensor([0.5 * r, -2.0, 448.0]).to(f8)
+
+        o = torch.empty(world * 3, dtype=f8)
+        dist.all_gather_into_tensor(o, eight(rank))
+        c.eq("all_gather_into_tensor float8 (bytes)", o.view(torch.uint8),
+             torch.cat([eight(r) for r in range(world)]).view(torch.uint8))
+        b = eight(rank)
+        dist.broadcast(b, src=1)
+        c.eq("broadcast float8 (bytes)", b.view(torch.uint8), eight(1).view(torch.uint8))
+        c.raises("all_reduce float8", TypeError, lambda: dist.all_reduce(eight(rank)),
+                 "float8_e4m3fn")
+        q = torch.quantize_per_tensor(torch.ones(3), 0.5, 0, torch.qint8)  # bytes + a scale
+        c.raises("broadcast quantized", TypeError, lambda: dist.broadcast(q, src=0), "quantized")
 
     def alltoall() -> None:
         o = [torch.empty(1) for _ in range(world)]
