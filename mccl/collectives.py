@@ -79,29 +79,47 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
     red.commit()
 
 
+def staging_plan(t: torch.Tensor, w: int, r: int) -> ring.CopyPlan:
+    """The pieces ``all_reduce_staged`` copies ``t`` in, on rank ``r`` of ``w``: the caller's
+    thread hands their ranges to ``StagingHandoff.pipeline``; the comm thread derives the same
+    plan (chunked in the dtype the ring runs in)."""
+    return ring.copy_plan(t.numel(), w, r, (UPCAST.get(t.dtype) or t.dtype).itemsize)
+
+
 def all_reduce_staged(ch: Channel, t: torch.Tensor, io: SegmentIO, op: Op,
                       scratch: Scratch) -> None:
-    """All-reduce of a host tensor whose device copies run range by range
-    (``ring.segment_ranges`` order, ``StagingHandoff.pipeline``): the ring waits for a
-    segment's copy in just before it first reads it and starts its copy back as soon as it is
-    final, so the copies overlap the exchange. Half types reduce in float32 per segment and
-    round once, as in ``all_reduce``; the ring runs whatever the size (every rank stages the
-    same sizes, and the threshold for staging is far above the doubling switch)."""
+    """All-reduce of a host tensor whose device copies run piece by piece (``staging_plan``):
+    the ring waits for a piece's copy in just before it first reads the piece's first chunk
+    and starts its copy back as soon as its last chunk is final, so the copies overlap the
+    exchange. Half types reduce in float32 chunk by chunk and round once, as in
+    ``all_reduce``; the ring runs whatever the size (every rank stages the same sizes, and
+    the threshold for staging is far above the doubling switch)."""
     w, r = ch.size, ch.rank
+    if w == 1:
+        return  # a reduction over one rank leaves the tensor as it is: nothing to copy
     flat = t.reshape(-1)
     up = UPCAST.get(t.dtype)
     work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
+    plan = staging_plan(t, w, r)
     offs = split(flat.numel(), w)
+    k = len(plan.starts[0])
+    cuts = [[offs[s] + c for c in split(offs[s + 1] - offs[s], k)] for s in range(w)]
 
-    def ready(s: int) -> None:
-        io.wait_range(ring.first_use(s, w, r))
+    def ready(s: int, j: int) -> None:
+        p = plan.starts[s][j]
+        if p >= 0:
+            io.wait_range(p)
         if up is not None:
-            work[offs[s]:offs[s + 1]].copy_(flat[offs[s]:offs[s + 1]])
+            a, b = cuts[s][j], cuts[s][j + 1]
+            work[a:b].copy_(flat[a:b])
 
-    def final(s: int) -> None:
+    def final(s: int, j: int) -> None:
         if up is not None:
-            flat[offs[s]:offs[s + 1]].copy_(work[offs[s]:offs[s + 1]])
-        io.copy_back(ring.first_use(s, w, r))
+            a, b = cuts[s][j], cuts[s][j + 1]
+            flat[a:b].copy_(work[a:b])
+        p = plan.ends[s][j]
+        if p >= 0:
+            io.copy_back(p)
 
     ring.all_reduce(ch, work.numpy(), reducer(op, work.dtype), finisher(op, w), scratch,
                     ready=ready, final=final)

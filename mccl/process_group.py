@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from . import collectives as coll
 from . import config
-from .algorithms.ring import segment_ranges
 from .device import Adapter, adapter_for
 from .engine import Engine, Job
 from .errors import CollectiveError
@@ -261,7 +260,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
-                lambda: segment_ranges(tensors[0].numel(), self.size(), self.rank())):
+                lambda: coll.staging_plan(tensors[0], self.size(), self.rank()).ranges):
             body = lambda ch, h: segmented(ch, h, handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)

@@ -93,31 +93,41 @@ def test_all_reduce(world: int, n: int, algo: str) -> None:
 
 @pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
 @pytest.mark.parametrize("n", [1, 5, 1234])
-def test_ring_all_reduce_segment_hooks(world: int, n: int) -> None:
-    """ready(s) comes before segment s is first read (it holds NaN until then), each segment
-    once in segment_ranges' order; final(s) comes once s holds its result, which never changes
-    afterwards, in the order the ring completes segments (its own first, then as received)."""
+def test_ring_all_reduce_chunk_hooks(world: int, n: int) -> None:
+    """ready(s, j) comes before chunk j of segment s is first read (it holds NaN until then),
+    once per chunk, in the order of copy_plan's pieces; final(s, j) comes once the chunk
+    holds its result, which never changes afterwards: the rank's own segment first, then the
+    segments as received, the one after the rank's last."""
     fn, want = reducer(Op.SUM, torch.float64), sum(data(r, n) for r in range(world))
-    offs = split(n, world)
+    chunk_bytes = 256  # several chunks per segment (13 at n=1234, world 3)
 
     def body(ch):
         r, real = ch.rank, data(ch.rank, n)
         buf = np.full(n, np.nan)
+        offs = split(n, world)
+        plan = ring.copy_plan(n, world, r, buf.itemsize, chunk_bytes)
+        k = len(plan.starts[0])
+        cuts = [[offs[s] + c for c in split(offs[s + 1] - offs[s], k)] for s in range(world)]
         readies, finals = [], []
 
-        def ready(s: int) -> None:
-            readies.append(s)
-            buf[offs[s]:offs[s + 1]] = real[offs[s]:offs[s + 1]]
+        def ready(s: int, j: int) -> None:
+            a, b = cuts[s][j], cuts[s][j + 1]
+            readies.append((a, b))
+            buf[a:b] = real[a:b]
 
-        def final(s: int) -> None:
-            finals.append((s, buf[offs[s]:offs[s + 1]].copy()))
+        def final(s: int, j: int) -> None:
+            a, b = cuts[s][j], cuts[s][j + 1]
+            finals.append((s, j, buf[a:b].copy()))
 
-        ring.all_reduce(ch, buf, fn, None, Scratch(), ready=ready, final=final)
-        assert [ring.segment_ranges(n, world, r)[i] for i in range(world)] == [
-            (offs[s], offs[s + 1]) for s in readies]
-        assert [s for s, _ in finals] == [(r - i) % world for i in range(world)]
-        for s, seen in finals:
-            np.testing.assert_array_equal(seen, buf[offs[s]:offs[s + 1]])
+        ring.all_reduce(ch, buf, fn, None, Scratch(), chunk_bytes, ready=ready, final=final)
+        assert len(readies) == len(finals) == world * k  # once per chunk, empty ones too
+        # chunks are first read in the pieces' order, and the pieces tile the buffer
+        pieces = [i for a, b in plan.ranges for i in range(a, b)]
+        assert [i for a, b in readies for i in range(a, b)] == pieces
+        assert sorted(pieces) == list(range(n))
+        assert [s for s, _, _ in finals[::k]] == [(r - i) % world for i in range(world)]
+        for s, j, seen in finals:
+            np.testing.assert_array_equal(seen, buf[cuts[s][j]:cuts[s][j + 1]])
         return buf
 
     for got in run_all(world, body):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from itertools import pairwise
 
 import pytest
 import torch
 
+from mccl.algorithms import ring
 from mccl.algorithms.base import split
-from mccl.algorithms.ring import segment_ranges
+from mccl.algorithms.ring import PIECE_MAX_BYTES, copy_plan, first_use
 from mccl.bench.spawn import run_ranks
 from mccl.device import staging
 from mccl.device.cpu import CpuAdapter
@@ -228,14 +228,50 @@ def _small_ranges(monkeypatch, min_bytes: int = 1 << 10) -> None:
     monkeypatch.setattr(staging, "PIPELINE_MIN_BYTES", min_bytes)
 
 
-@pytest.mark.parametrize("n,w", [(0, 1), (10, 1), (1001, 4), (7, 3), (3, 5), (1 << 20, 8)])
-def test_segment_ranges_tile_the_buffer_in_the_rings_order(n: int, w: int) -> None:
+@pytest.mark.parametrize("n,w,chunk", [(0, 1, None), (10, 1, None), (1001, 4, 64), (7, 3, 4),
+                                       (3, 5, None), (1 << 20, 8, None), (1 << 22, 4, None),
+                                       (5000, 2, 100)])
+def test_copy_plan_tiles_the_buffer_in_the_rings_order(n: int, w: int, chunk,
+                                                       monkeypatch) -> None:
+    """Pieces are whole chunks of one segment, segment by segment in the order the ring first
+    reads them; the segment sent first starts with a one-chunk piece, the one final last ends
+    with one (with the least piece size at one byte); the others are at most PIECE_MAX_BYTES;
+    starts/ends name each piece's first and last chunk."""
+    monkeypatch.setattr(ring, "PIECE_MIN_BYTES", 1)
+    itemsize = 4
     for r in range(w):
-        ranges = segment_ranges(n, w, r)
-        assert sorted(ranges) == [(a, b) for a, b in pairwise(split(n, w))]  # a tiling
+        plan = copy_plan(n, w, r, itemsize, chunk)
         offs = split(n, w)
-        # range 0 is what the rank sends first, then each reduce-scatter step's segment
-        assert ranges == [(offs[(r - 1 - i) % w], offs[(r - 1 - i) % w + 1]) for i in range(w)]
+        k = len(plan.starts[0])
+        cuts = [[offs[s] + c for c in split(offs[s + 1] - offs[s], k)] for s in range(w)]
+        flat = [i for a, b in plan.ranges for i in range(a, b)]
+        assert flat == [i for x in range(w) for s in [first_use(x, w, r)]
+                        for i in range(offs[s], offs[s + 1])]  # a tiling, in the ring's order
+        for s in range(w):
+            starts = [j for j in range(k) if plan.starts[s][j] >= 0]
+            ends = [j for j in range(k) if plan.ends[s][j] >= 0]
+            assert starts[0] == 0 and ends[-1] == k - 1
+            assert [j + 1 for j in ends[:-1]] == starts[1:]
+            for j0, j1 in zip(starts, ends, strict=True):
+                p = plan.starts[s][j0]
+                assert plan.ends[s][j1] == p
+                assert plan.ranges[p] == (cuts[s][j0], cuts[s][j1 + 1])
+                assert j1 == j0 or (j1 - j0 + 1) * (offs[1] * itemsize // k) <= PIECE_MAX_BYTES
+            if w > 1 and s == first_use(0, w, r):
+                assert ends[0] == 0  # the first send waits for one chunk's copy only
+            if w > 1 and s == (r + 1) % w:
+                assert starts[-1] == k - 1  # the last copy back is one chunk
+
+
+def test_copy_plan_edge_pieces_are_not_smaller_than_the_least_piece() -> None:
+    """Each piece costs a copy call and a fence: edge pieces start at PIECE_MIN_BYTES (1 MiB
+    of float32 here), and segments too small to split stay whole."""
+    mib = 1 << 20
+    plan = copy_plan(64 * mib // 4, 4, 0, 4)  # 16 MiB segments of 1 MiB chunks
+    sizes = [(b - a) * 4 for a, b in plan.ranges]
+    assert sizes[:4] == [mib, mib, 2 * mib, 4 * mib] and sizes[-1] == 4 * mib
+    assert max(sizes) == ring.PIECE_MAX_BYTES
+    assert len(copy_plan(4 * mib // 4, 4, 0, 4).ranges) == 4  # 1 MiB segments: whole
 
 
 def _produce(ops: FakeAsyncOps, t: torch.Tensor, value: torch.Tensor, delay: float = 0.05):
@@ -261,12 +297,12 @@ def test_ranges_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
 
     def comm() -> list:
         host = h.acquire()[0].view(-1)
-        assert [d for d, _ in ops.copies] == ["out"] * 3  # every copy out enqueued up front
-        outs = list(ops.fences)
-        assert len(outs) == 3  # one fence per range, none waited by acquire
+        assert [d for d, _ in ops.copies] == ["out"] * 2  # the first two ranges' copies
+        assert len(ops.fences) == 2  # one fence per range, none waited by acquire
         log, got = [], []
         for i, (a, b) in enumerate(ranges):
-            h.wait_range(i)
+            h.wait_range(i)  # (the third copy out is enqueued once the first is waited for)
+            outs = ops.fences[:3]
             assert [f.syncs for f in outs] == [1] * (i + 1) + [0] * (2 - i)
             got.append(host[a:b].clone())
             host[a:b].mul_(2)
@@ -279,8 +315,9 @@ def test_ranges_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
     log, got = on_thread(comm)
     for (a, b), g in zip(ranges, got, strict=True):  # each range copied before its use
         assert torch.equal(g, want[a:b])
-    for i, seen in enumerate(log):  # range i's copy back is enqueued before range i+1 runs
-        assert seen == ["out"] * 3 + ["back"] * (i + 1)
+    # range i's copy back is enqueued before range i+1 runs
+    assert log == [["out"] * 3 + ["back"], ["out"] * 3 + ["back"] * 2,
+                   ["out"] * 3 + ["back"] * 3]
     assert {th for _, th in ops.copies} == {"comm"}  # O3: copies only from the comm thread
     assert len(ops.fences) == 4  # ... and one completion fence, recorded after the last
     gate = h.gate()
@@ -292,12 +329,47 @@ def test_ranges_wait_for_their_own_copy_only_and_copy_back_early(monkeypatch) ->
     assert torch.equal(seen[0], 2 * want)
 
 
+def test_copies_out_run_a_bounded_distance_ahead(monkeypatch) -> None:
+    """Ranks sharing a device each enqueuing a whole tensor's copies made a rank's first range
+    wait behind the others': acquire enqueues two ranges, each wait keeps COPY_AHEAD_BYTES
+    beyond the waited range enqueued, in order; release copies back only what was copied
+    out (a body that stopped early leaves the rest of the tensor alone)."""
+    _small_ranges(monkeypatch)
+    monkeypatch.setattr(staging, "COPY_AHEAD_BYTES", 1000)
+    adapter, ops = _adapter(copy_delay=0.001)
+    t = torch.arange(1000.0)
+    ranges = [(i * 100, i * 100 + 100) for i in range(10)]  # 400 bytes each
+    h = adapter.prepare([t], [True], [True])
+    assert h.pipeline(lambda: ranges)
+
+    def outs() -> list:
+        return [i for i, (d, _) in enumerate(ops.copies) if d == "out"]
+
+    def comm() -> list:
+        host = h.acquire()[0].view(-1)
+        seen = [len(outs())]
+        for i in range(6):
+            h.wait_range(i)
+            host[ranges[i][0]:ranges[i][1]].neg_()
+            h.copy_back(i)
+            seen.append(len(outs()))
+        h.release()
+        return seen
+
+    # after range i's wait: the ranges starting before 400 * (i + 1) + 1000 bytes
+    assert on_thread(comm) == [2, 4, 5, 6, 7, 8, 9]
+    h.gate()()
+    ops.current.synchronize()
+    assert [d for d, _ in ops.copies].count("back") == 9  # the ranges copied out
+    assert torch.equal(t, torch.cat([-torch.arange(600.0), torch.arange(600.0, 1000.0)]))
+
+
 def test_release_copies_back_the_ranges_not_copied_back(monkeypatch) -> None:
     _small_ranges(monkeypatch)
     adapter, ops = _adapter(copy_delay=0.005)
     t = torch.arange(777.0)
     h = adapter.prepare([t], [True], [True])
-    ranges = segment_ranges(777, 3, 1)
+    ranges = [(259, 518), (0, 259), (518, 777)]
     assert h.pipeline(lambda: ranges)
 
     def comm() -> None:
@@ -340,7 +412,7 @@ def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatc
 def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
     _small_ranges(monkeypatch)
     adapter, ops = _adapter(copy_delay=0.002)
-    ranges = segment_ranges(600, 2, 0)
+    ranges = [(300, 600), (0, 300)]
     for i in range(4):
         t = torch.full((600,), float(i))
         h = adapter.prepare([t], [True], [True])
@@ -457,7 +529,8 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
         assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
         ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES
         copies = [d for d, _ in ops.copies].count("out") - outs
-        assert copies == (world if ranged else 1), (n, dtype, copies)
+        pieces = len(collectives.staging_plan(t, world, rank).ranges)
+        assert copies == (pieces if ranged else 1), (n, dtype, copies)
 
     SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
     ints = lambda r: torch.arange(70_001) % 1000 * (r + 1) + r  # noqa: E731
@@ -467,6 +540,9 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
     check(90_001, torch.float16, SUM, lambda r: torch.arange(90_001) % 7 * 0.5 * (r + 1))
     check(90_001, torch.bfloat16, AVG, lambda r: torch.arange(90_001) % 5 * (r + 1.0))
     check(40_003, torch.int64, SUM, lambda r: torch.arange(40_003) * (r + 1))
+    staging.COPY_AHEAD_BYTES = 256 << 10  # test hooks: copies out a few pieces ahead only,
+    ring.PIECE_MIN_BYTES = 1  # edge pieces of one chunk
+    check(600_001, torch.float32, SUM, lambda r: torch.arange(600_001) % 999 * (r + 1.0))
     allocs = ops.host_allocs
     for _ in range(3):
         check(70_001, torch.float32, SUM, ints)

@@ -10,8 +10,6 @@ import numpy as np
 #: ``reduce(a, b, out=None)``: ``out = a (op) b`` element-wise; in place into ``a`` by default.
 Reducer = Callable[..., None]
 Finisher = Callable[[np.ndarray], None] | None
-#: Called with a segment's index at a point of a collective's schedule (see ring.all_reduce).
-SegmentHook = Callable[[int], None] | None
 
 #: Bounds on the chunk size chosen for a segment. The ring's fill and drain cost about one
 #: chunk time each, so the cap is kept small (1 MiB is 0.8 ms at 10 Gbit/s) while per-chunk

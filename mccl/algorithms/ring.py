@@ -8,6 +8,9 @@ link stay busy. In the reduce-scatter phase rank r ends up owning the fully redu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from .base import (
@@ -16,11 +19,18 @@ from .base import (
     Finisher,
     Reducer,
     Scratch,
-    SegmentHook,
     chunk_count,
     chunks,
     split,
 )
+
+#: ``hook(s, j)``: chunk j of segment s has reached a point of ``all_reduce``'s schedule.
+ChunkHook = Callable[[int, int], None] | None
+#: A staged all-reduce copies its tensor in pieces of whole chunks, of at most this many bytes
+#: and, where a segment is cut finer at its edges, of at least about this many (each piece
+#: costs a copy call and a fence, ~0.1 ms of comm-thread time); see ``copy_plan``.
+PIECE_MAX_BYTES = 4 << 20
+PIECE_MIN_BYTES = 1 << 20
 
 
 def first_use(i: int, w: int, r: int) -> int:
@@ -30,19 +40,81 @@ def first_use(i: int, w: int, r: int) -> int:
     return (r - 1 - i) % w
 
 
-def segment_ranges(n: int, w: int, r: int) -> list[tuple[int, int]]:
-    """Element ranges of ``all_reduce``'s segments on rank ``r`` in ``first_use`` order."""
+@dataclass(frozen=True)
+class CopyPlan:
+    """How a staged ``all_reduce`` copies its tensor between device and host, piece by piece.
+
+    ``ranges``: element ranges of the pieces, in the order the ring first reads them (each
+    piece is whole chunks of one segment). ``starts[s][j]`` is the piece that chunk j of
+    segment s begins (else -1): the ring must wait for that piece's copy in before reading
+    the chunk. ``ends[s][j]`` the piece it ends (else -1): the piece can be copied back once
+    that chunk is final.
+    """
+
+    ranges: list[tuple[int, int]]
+    starts: list[list[int]]
+    ends: list[list[int]]
+
+
+def _runs(k: int, cap: int, head: bool, tail: bool, least: int = 1) -> list[int]:
+    """Chunk counts of a segment's pieces: ``cap`` chunks each, except that they grow m, m,
+    2m, 4m... (m = ``least``) from the start (``head``: the segment sent first, whose first
+    send waits for only the first piece's copy) and shrink to m at the end (``tail``: the
+    segment that is final last, whose last copy back is that small)."""
+    front: list[int] = []
+    back: list[int] = []
+    left = k
+    growth: list[int] = []  # m, m, 2m, 4m, ... below cap
+    size = max(1, least)
+    while size < cap:
+        growth.append(size)
+        if len(growth) > 1:
+            size *= 2
+    for size in growth:
+        for grow, runs in ((head, front), (tail, back)):
+            if grow and left:
+                runs.append(min(size, left))
+                left -= runs[-1]
+    middle = [cap] * (left // cap) + ([left % cap] if left % cap else [])
+    return front + middle + back[::-1]
+
+
+def copy_plan(n: int, w: int, r: int, itemsize: int,
+              chunk_bytes: int | None = None) -> CopyPlan:
+    """The pieces a staged ``all_reduce`` of ``n`` elements of ``itemsize`` bytes (the dtype
+    the ring runs in) copies on rank ``r``: every rank derives the same chunks as the ring.
+
+    Why pieces: copies run on a device that other ranks share. Enqueuing whole segments made
+    the first send wait for a whole segment's copy behind every rank's other copies; small
+    pieces at both edges and a bounded lookahead (``StagingHandoff``) keep only a piece of
+    about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end."""
     offs = split(n, w)
-    return [(offs[s], offs[s + 1]) for s in (first_use(i, w, r) for i in range(w))]
+    k = chunk_count((offs[1] - offs[0]) * itemsize, chunk_bytes)
+    chunk = max(1, -(-(offs[1] - offs[0]) * itemsize // k))
+    cap = max(1, PIECE_MAX_BYTES // chunk)
+    least = -(-PIECE_MIN_BYTES // chunk)
+    ranges: list[tuple[int, int]] = []
+    starts = [[-1] * k for _ in range(w)]
+    ends = [[-1] * k for _ in range(w)]
+    for i in range(w):
+        s = first_use(i, w, r)
+        cuts = [offs[s] + c for c in split(offs[s + 1] - offs[s], k)]
+        j = 0
+        for run in _runs(k, cap, head=i == 0, tail=s == (r + 1) % w, least=least):
+            starts[s][j] = ends[s][j + run - 1] = len(ranges)
+            ranges.append((cuts[j], cuts[j + run]))
+            j += run
+    return CopyPlan(ranges, starts, ends)
 
 
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
                scratch: Scratch, chunk_bytes: int | None = None,
-               ready: SegmentHook = None, final: SegmentHook = None) -> None:
+               ready: ChunkHook = None, final: ChunkHook = None) -> None:
     """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline.
 
-    ``ready(s)`` is called before segment s is first read, ``final(s)`` once it holds the
-    result (a staged hand-off copies segments in and out there, overlapping the exchange).
+    ``ready(s, j)`` is called before chunk j of segment s is first read, ``final(s, j)`` once
+    it holds the result (a staged hand-off copies pieces in and out there, overlapping the
+    exchange; ``copy_plan``). Both are called for every chunk, empty ones included.
     """
     w, r = ch.size, ch.rank
     if w == 1:
@@ -63,9 +135,9 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
             p = pieces[seg] = chunks(buf[offs[seg]:offs[seg + 1]], k)
         return p
 
-    if ready is not None:
-        ready(prv)
-    for c in cut(prv):
+    for j, c in enumerate(cut(prv)):
+        if ready is not None:
+            ready(prv, j)
         if c.size:
             ch.send(nxt, c)
     # (segment received at this step, reduce it?) in schedule order
@@ -73,23 +145,23 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     steps += [((r - s - 1) % w, False) for s in range(w - 1)]
     last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
-        if red and ready is not None:
-            ready(seg)
-        for c in cut(seg):
-            if not c.size:
-                continue
-            if red:
-                tmp = scratch.get(c)
-                ch.recv(prv, tmp)
-                reduce(c, tmp)
-                if i == last_reduce and finish is not None:
-                    finish(c)
-            else:
-                ch.recv(prv, c)
-            if i < last:
-                ch.send(nxt, c)
-        if i >= last_reduce and final is not None:
-            final(seg)  # reduced here (the last reduce-scatter step) or received final
+        done = i >= last_reduce and final is not None  # chunks final here: reduced or received
+        for j, c in enumerate(cut(seg)):
+            if red and ready is not None:
+                ready(seg, j)
+            if c.size:
+                if red:
+                    tmp = scratch.get(c)
+                    ch.recv(prv, tmp)
+                    reduce(c, tmp)
+                    if i == last_reduce and finish is not None:
+                        finish(c)
+                else:
+                    ch.recv(prv, c)
+                if i < last:
+                    ch.send(nxt, c)
+            if done:
+                final(seg, j)
     ch.flush()
 
 
