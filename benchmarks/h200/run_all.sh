@@ -156,7 +156,8 @@ stage_vit() {
     # DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts (the ranks
     # share the one GPU): step time, no-sync compute, bare comm, hidden %. VIT_VARIANTS
     # "name:spec ..." (default "mccl: gloo:"): a name starting with gloo runs gloo, any other
-    # mccl with MCCL_AB=spec (benchmarks/h200/ab/mccl_ab.py), in the order given.
+    # mccl with MCCL_AB=spec (benchmarks/h200/ab/mccl_ab.py), in the order given. VIT_ARGS:
+    # more arguments for benchmarks/vit_ddp_step.py (e.g. "--steps 12").
     need_ip
     local v name backend
     for v in ${VIT_VARIANTS:-mccl: gloo:}; do
@@ -166,7 +167,7 @@ stage_vit() {
             PYTHONPATH="$REPO/benchmarks/h200/ab:$PYTHONPATH" \
             "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
             --backend "$backend" --script benchmarks/vit_ddp_step.py -- --device cuda \
-            --batch 32 --json "$RES/vit10g_$name.json"
+            --batch 32 ${VIT_ARGS:-} --json "$RES/vit10g_$name.json"
     done
 }
 

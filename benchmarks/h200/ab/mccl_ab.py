@@ -11,12 +11,17 @@ the others instead of writing it at once; ``quickack=1`` sets TCP_QUICKACK on a 
 before every blocking receive (Linux: ACK at once, not when the reader gets to the data);
 ``notsent=N`` sets TCP_NOTSENT_LOWAT to N bytes (-1: the kernel's unlimited default);
 ``cc=1`` / ``cc=2`` pick the reno / bbr congestion control for the data sockets (where the
-kernel has it).
+kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US microseconds
+(``sys.setswitchinterval``; CPython's default is 5000); ``piece_min``, ``piece_max``
+(``ring.PIECE_*_BYTES``), ``ahead``, ``first_ranges``, ``step_ranges`` (``staging.COPY_*``)
+size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
+segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 _CONSTANTS = {
@@ -24,7 +29,40 @@ _CONSTANTS = {
     "min_chunk": ("mccl.algorithms.base", "MIN_CHUNK_BYTES"),
     "max_chunk": ("mccl.algorithms.base", "MAX_CHUNK_BYTES"),
     "chunks_per_segment": ("mccl.algorithms.base", "CHUNKS_PER_SEGMENT"),
+    "piece_min": ("mccl.algorithms.ring", "PIECE_MIN_BYTES"),
+    "piece_max": ("mccl.algorithms.ring", "PIECE_MAX_BYTES"),
+    "ahead": ("mccl.device.staging", "COPY_AHEAD_BYTES"),
+    "first_ranges": ("mccl.device.staging", "COPY_FIRST_RANGES"),
+    "step_ranges": ("mccl.device.staging", "COPY_STEP_RANGES"),
 }
+
+
+def _whole_segments(copy_plan):
+    """``ring.copy_plan`` as before pieces: one range per segment, in the ring's order."""
+
+    def plan(n, w, r, itemsize, chunk_bytes=None):
+        fine = copy_plan(n, w, r, itemsize, chunk_bytes)
+        k = len(fine.starts[0])
+        starts, ends = [[-1] * k for _ in range(w)], [[-1] * k for _ in range(w)]
+        ranges = []
+        for s in sorted(range(w), key=lambda s: fine.starts[s][0]):  # the ring's order
+            starts[s][0] = ends[s][k - 1] = len(ranges)
+            ranges.append((fine.ranges[fine.starts[s][0]][0], fine.ranges[fine.ends[s][k - 1]][1]))
+        return type(fine)(ranges, starts, ends)
+
+    return plan
+
+
+class _SwitchInterval:
+    """``sys.setswitchinterval`` as an attribute, so ``apply`` can set and restore it."""
+
+    @property
+    def seconds(self) -> float:
+        return sys.getswitchinterval()
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        sys.setswitchinterval(value)
 
 
 def _setting(key: str, value: int) -> tuple[object, str, object]:
@@ -75,6 +113,12 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
 
         return tcp, "tune_socket", tune_more
+    if key == "whole":
+        ring = importlib.import_module("mccl.algorithms.ring")
+        plan = ring.copy_plan
+        return ring, "copy_plan", _whole_segments(plan) if value else plan
+    if key == "switch":
+        return _SwitchInterval(), "seconds", value / 1e6
     if key == "sndbuf":
         import socket
 
