@@ -101,9 +101,7 @@ def all_reduce_staged(ch: Channel, t: torch.Tensor, io: SegmentIO, op: Op,
     up = UPCAST.get(t.dtype)
     work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
     plan = staging_plan(t, w, r)
-    offs = split(flat.numel(), w)
-    k = len(plan.starts[0])
-    cuts = [[offs[s] + c for c in split(offs[s + 1] - offs[s], k)] for s in range(w)]
+    cuts = plan.cuts
 
     def ready(s: int, j: int) -> None:
         p = plan.starts[s][j]

@@ -341,7 +341,7 @@ def test_ab_settings_apply_and_restore() -> None:
     plan = ring.copy_plan
     undo = mccl_ab.apply("whole=1")
     whole = ring.copy_plan(4000, 4, 1, 4, 1000)  # one range per segment, in the ring's order
-    assert whole.ranges == [(0, 1000), (3000, 4000), (2000, 3000), (1000, 2000)]
+    assert list(whole.ranges) == [(0, 1000), (3000, 4000), (2000, 3000), (1000, 2000)]
     assert whole.starts[1][0] == whole.ends[1][-1] == 3  # segment 1 is read last
     undo()
     assert ring.copy_plan is plan

@@ -8,6 +8,7 @@ link stay busy. In the reduce-scatter phase rank r ends up owning the fully redu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,15 +46,17 @@ class CopyPlan:
     """How a staged ``all_reduce`` copies its tensor between device and host, piece by piece.
 
     ``ranges``: element ranges of the pieces, in the order the ring first reads them (each
-    piece is whole chunks of one segment). ``starts[s][j]`` is the piece that chunk j of
-    segment s begins (else -1): the ring must wait for that piece's copy in before reading
-    the chunk. ``ends[s][j]`` the piece it ends (else -1): the piece can be copied back once
-    that chunk is final.
+    piece is whole chunks of one segment). ``cuts[s]``: the k + 1 chunk boundaries of segment
+    s, as the ring cuts it. ``starts[s][j]`` is the piece that chunk j of segment s begins
+    (else -1): the ring must wait for that piece's copy in before reading the chunk.
+    ``ends[s][j]`` the piece it ends (else -1): the piece can be copied back once that chunk
+    is final. Plans are cached and shared: never modified.
     """
 
-    ranges: list[tuple[int, int]]
-    starts: list[list[int]]
-    ends: list[list[int]]
+    ranges: tuple[tuple[int, int], ...]
+    cuts: tuple[tuple[int, ...], ...]
+    starts: tuple[tuple[int, ...], ...]
+    ends: tuple[tuple[int, ...], ...]
 
 
 def _runs(k: int, cap: int, head: bool, tail: bool, least: int = 1) -> list[int]:
@@ -87,24 +90,32 @@ def copy_plan(n: int, w: int, r: int, itemsize: int,
     Why pieces: copies run on a device that other ranks share. Enqueuing whole segments made
     the first send wait for a whole segment's copy behind every rank's other copies; small
     pieces at both edges and a bounded lookahead (``StagingHandoff``) keep only a piece of
-    about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end."""
+    about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end. Built once per
+    shape (DDP's buckets repeat every step) for the caller's and the comm thread."""
+    seg = -(-n // w) if w else 0  # segment 0, the largest
+    k = chunk_count(seg * itemsize, chunk_bytes)
+    return _plan(n, w, r, k, max(1, -(-seg * itemsize // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(n: int, w: int, r: int, k: int, chunk: int, least_bytes: int,
+          most_bytes: int) -> CopyPlan:
     offs = split(n, w)
-    k = chunk_count((offs[1] - offs[0]) * itemsize, chunk_bytes)
-    chunk = max(1, -(-(offs[1] - offs[0]) * itemsize // k))
-    cap = max(1, PIECE_MAX_BYTES // chunk)
-    least = -(-PIECE_MIN_BYTES // chunk)
+    cap = max(1, most_bytes // chunk)
+    least = -(-least_bytes // chunk)
     ranges: list[tuple[int, int]] = []
+    cuts = [tuple(offs[s] + c for c in split(offs[s + 1] - offs[s], k)) for s in range(w)]
     starts = [[-1] * k for _ in range(w)]
     ends = [[-1] * k for _ in range(w)]
     for i in range(w):
         s = first_use(i, w, r)
-        cuts = [offs[s] + c for c in split(offs[s + 1] - offs[s], k)]
         j = 0
         for run in _runs(k, cap, head=i == 0, tail=s == (r + 1) % w, least=least):
             starts[s][j] = ends[s][j + run - 1] = len(ranges)
-            ranges.append((cuts[j], cuts[j + run]))
+            ranges.append((cuts[s][j], cuts[s][j + run]))
             j += run
-    return CopyPlan(ranges, starts, ends)
+    return CopyPlan(tuple(ranges), tuple(cuts), tuple(map(tuple, starts)),
+                    tuple(map(tuple, ends)))
 
 
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,

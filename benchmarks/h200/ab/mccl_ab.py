@@ -47,8 +47,9 @@ def _whole_segments(copy_plan):
         ranges = []
         for s in sorted(range(w), key=lambda s: fine.starts[s][0]):  # the ring's order
             starts[s][0] = ends[s][k - 1] = len(ranges)
-            ranges.append((fine.ranges[fine.starts[s][0]][0], fine.ranges[fine.ends[s][k - 1]][1]))
-        return type(fine)(ranges, starts, ends)
+            ranges.append((fine.cuts[s][0], fine.cuts[s][k]))
+        return type(fine)(tuple(ranges), fine.cuts, tuple(map(tuple, starts)),
+                          tuple(map(tuple, ends)))
 
     return plan
 
