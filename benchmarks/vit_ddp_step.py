@@ -64,6 +64,29 @@ def _median_time(fn, steps: int, sync) -> float:
     return statistics.median(times)
 
 
+def _trace_ops(ops: list[dict]) -> None:
+    """Record every mccl op's submission (caller's thread) and execution (comm thread) times
+    into ``ops`` (a diagnostic: wraps two Engine methods in this process)."""
+    from mccl.engine import Engine
+
+    submit, execute = Engine.submit, Engine._execute
+
+    def traced_submit(self, job, inline=False):
+        job.trace = {"op": job.name, "count": job.sig.count, "submit": time.perf_counter()}
+        ops.append(job.trace)
+        return submit(self, job, inline)
+
+    def traced_execute(self, job):
+        rec = getattr(job, "trace", {})
+        rec["start"] = time.perf_counter()
+        try:
+            return execute(self, job)
+        finally:
+            rec["end"] = time.perf_counter()
+
+    Engine.submit, Engine._execute = traced_submit, traced_execute
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", default="mccl")
@@ -74,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--trace", default=None,
+                   help="write rank 0's timeline of the last DDP step here: forward and "
+                        "backward ends and, with mccl, every op's submission, start and end")
     args = p.parse_args(argv)
     if args.backend == "mccl":
         import mccl  # noqa: F401
@@ -89,10 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(args.batch, 3, 224, 224, device=dev)
     y = torch.randint(0, 1000, (args.batch,), device=dev)
 
+    marks: dict[str, float] = {}
+    ops: list[dict] = []
+    if args.trace and args.backend == "mccl":
+        _trace_ops(ops)
+
     def step() -> None:
+        marks.clear()
+        ops.clear()
+        marks["start"] = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(ddp(x), y).backward()
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        marks["forward"] = time.perf_counter()
+        loss.backward()
+        marks["backward"] = time.perf_counter()  # DDP waited for every bucket's all-reduce
         opt.step()
+        sync()
+        marks["end"] = time.perf_counter()
 
     def local_step() -> None:
         with ddp.no_sync():
@@ -110,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         local_step()
     bare_comm()
     t_step = _median_time(step, args.steps, sync)
+    traced = dict(marks), list(ops)  # the last DDP step (the runs below add ops)
     t_compute = _median_time(local_step, args.steps, sync)
     t_comm = _median_time(bare_comm, max(2, args.steps // 2), sync)
     stats = torch.tensor([t_step, t_compute, t_comm], dtype=torch.float64, device=dev)
@@ -120,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
                   device=args.device, t_step=t_step, t_compute=t_compute, t_comm=t_comm,
                   hidden=hidden, images_per_s=args.batch * world / t_step,
                   grad_mb=nparams * 4 / 1e6)
+    if rank == 0 and args.trace:
+        t0 = traced[0]["start"]
+        Path(args.trace).write_text(json.dumps({
+            **{k: v - t0 for k, v in traced[0].items()},
+            "ops": [{k: (v - t0 if k in ("submit", "start", "end") else v) for k, v in o.items()}
+                    for o in traced[1]]}, indent=1))
     if rank == 0:
         print(json.dumps(result), flush=True)
         if args.json:

@@ -157,7 +157,8 @@ stage_vit() {
     # share the one GPU): step time, no-sync compute, bare comm, hidden %. VIT_VARIANTS
     # "name:spec ..." (default "mccl: gloo:"): a name starting with gloo runs gloo, any other
     # mccl with MCCL_AB=spec (benchmarks/h200/ab/mccl_ab.py), in the order given. VIT_ARGS:
-    # more arguments for benchmarks/vit_ddp_step.py (e.g. "--steps 12").
+    # more arguments for benchmarks/vit_ddp_step.py (e.g. "--steps 12"); VIT_TRACE=1: each
+    # run also writes rank 0's timeline of its last DDP step (vit10g_NAME.trace.json).
     need_ip
     local v name backend
     for v in ${VIT_VARIANTS:-mccl: gloo:}; do
@@ -167,7 +168,8 @@ stage_vit() {
             PYTHONPATH="$REPO/benchmarks/h200/ab:$PYTHONPATH" \
             "$PY" -m mccl.bench.train --cluster --rate 10gbit --world-size 4 \
             --backend "$backend" --script benchmarks/vit_ddp_step.py -- --device cuda \
-            --batch 32 ${VIT_ARGS:-} --json "$RES/vit10g_$name.json"
+            --batch 32 ${VIT_ARGS:-} --json "$RES/vit10g_$name.json" \
+            ${VIT_TRACE:+--trace "$RES/vit10g_$name.trace.json"}
     done
 }
 
