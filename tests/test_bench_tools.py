@@ -102,6 +102,23 @@ def test_bench_cli_writes_wellformed_json(tmp_path: Path) -> None:
     assert {r["backend"] for r in doc["rows"]} == set(backends)
     assert png.stat().st_size > 0
     assert "busbw" in res.stdout and "all_gather" in res.stdout
+    # an 8-byte op lasts far less than the default sample: back-to-back runs of it
+    assert all(r["reps"] > 1 for r in doc["rows"] if r["size"] == 8)
+    assert doc["config"]["min_sample_s"] == 0.05
+
+
+def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
+    """--min-sample reaches the ranks: 0 times every op alone (after its barrier)."""
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl", "--world-sizes", "2",
+            "--sizes", "8", "--ops", "all_reduce", "--iters", "3", "--warmup", "1",
+            "--ceiling-seconds", "0.5", "--min-sample", "0", "-q", "--json", str(out)]
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["config"]["min_sample_s"] == 0
+    assert [r["reps"] for r in doc["rows"]] == [1]
 
 
 @pytest.mark.timeout(120)

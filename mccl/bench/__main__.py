@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-op-barrier", action="store_true",
                    help="time every op alone after a barrier (default: back-to-back runs of "
                         "short ops, as nccl-tests does, so barrier exit skew is not counted)")
+    p.add_argument("--min-sample", type=float, default=0.05, metavar="SECONDS",
+                   help="back-to-back ops per timed sample until it lasts this long (default "
+                        "0.05; longer samples count each op's start and the barrier's exit "
+                        "skew less, as nccl-tests' runs of 20 ops do)")
     p.add_argument("--cluster", action="store_true",
                    help="run ranks in emulated hosts (Linux netns, root)")
     p.add_argument("--hosts", type=int, default=0, help="cluster hosts (default: max world size)")
@@ -165,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "running gloo only", file=sys.stderr)
     cfg = BenchConfig(ops=ops, sizes=sizes, dtype=args.dtype, iters=args.iters,
                       warmup=args.warmup, time_budget=args.time_budget, check=args.check,
-                      per_op_barrier=args.per_op_barrier, device=args.device,
+                      per_op_barrier=args.per_op_barrier, min_sample_s=args.min_sample,
+                      device=args.device,
                       stall_timeout=args.timeout)
     doc = new_document(argv, {**asdict(cfg), "backends": backends, "world_sizes": worlds})
     signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -55,6 +55,7 @@ class BenchConfig:
     time_budget: float = 2.0  # seconds of timed iterations per (op, size); 0 = always iters
     check: bool = False
     per_op_barrier: bool = False  # one op per timed sample (else back-to-back runs, see worker)
+    min_sample_s: float = 0.05  # back-to-back ops per sample until it lasts this long (worker)
     device: str = "cpu"
     op_timeout: float = 120.0  # torch.distributed timeout inside ranks
     stall_timeout: float = STALL_BASE_S
@@ -278,4 +279,6 @@ def _budget(cfg: BenchConfig, current: tuple[str, int], ceiling_bps: float | Non
     ideal = _ideal_seconds(current[0], current[1], ceiling_bps)
     timed = min(cfg.iters, 3) if cfg.time_budget > 0 else cfg.iters  # budget bounds the rest
     iters = cfg.warmup + timed + 2  # + check + slack
-    return cfg.stall_timeout + SLOWDOWN_ALLOWANCE * iters * ideal + 2.0 * cfg.time_budget
+    samples = iters + 1  # + the back-to-back calibration; each lasts about min_sample_s
+    return (cfg.stall_timeout + SLOWDOWN_ALLOWANCE * iters * ideal + 2.0 * cfg.time_budget
+            + SLOWDOWN_ALLOWANCE * samples * cfg.min_sample_s)

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 EVENT_PREFIX = "MCCLBENCH "
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 MIN_ITERS = 3  # even when the time budget says fewer
-MIN_SAMPLE_S = 0.05  # back-to-back ops per sample until it lasts this long...
+MIN_SAMPLE_S = 0.05  # back-to-back ops per sample until it lasts this long (--min-sample)...
 MAX_REPS = 200  # ...but no more ops than this in one sample
 # Fault injection for the runner's own tests: "hang:OP,crash:OP2" makes the last rank sleep
 # forever / exit 3 when that op starts, to prove deadlines and relaunches work.
@@ -80,7 +80,8 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
         dist.all_reduce(est_t, op=dist.ReduceOp.MAX, group=tgroup)
         est = max(est_t.item(), 1e-9)
         if not cfg.get("per_op_barrier"):
-            reps = max(1, min(MAX_REPS, int(MIN_SAMPLE_S / est)))
+            min_sample = float(cfg.get("min_sample_s", MIN_SAMPLE_S))
+            reps = max(1, min(MAX_REPS, int(min_sample / est)))
             timed(reps)  # warms the back-to-back pattern too
         if budget > 0:
             iters = max(min(iters, int(budget / (est * reps))), min(MIN_ITERS, iters))
