@@ -553,3 +553,33 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranged_all_reduce_end_to_end_through_fake_staging(world: int) -> None:
     assert run_ranks(_ranged_all_reduce_through_fake_staging, world) == ["ok"] * world
+
+
+def _staged_peer_killed(rank: int, world: int) -> dict:
+    import os
+    import signal
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mccl.collectives import staging_plan as collectives_plan
+    from tests.test_faults import _storm
+
+    adapter = install_fake_staging(False)
+    ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
+    t = torch.ones(1 << 20)  # 4 MB, as the storm's: staged piece by piece on the fake device
+    dist.all_reduce(t, group=group)
+    pieces = len(collectives_plan(t, world, rank).ranges)
+    assert pieces > 1 and [d for d, _ in ops.copies].count("out") == pieces
+    return _storm(rank, group, "staged-kill", 2, lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def test_dead_peer_during_staged_all_reduces_errors_on_every_survivor() -> None:
+    """kill -9 of a rank while piece-by-piece staged all-reduces run: the survivors' ops fail
+    naming it (never a hang: run_ranks' hard timeout)."""
+    res = run_ranks(_staged_peer_killed, 3, timeout=120, expect_missing=(2,))
+    for rank in (0, 1):
+        out = res[rank]
+        assert out.get("peer") == 2 and "rank 2" in out["msg"], out
+        assert out["op"] == "all_reduce", out
