@@ -100,6 +100,16 @@ if AVAILABLE and dist.is_available():
             super().setUp()
             self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
+        def tearDown(self) -> None:
+            super().tearDown()
+            # torch's harness makes a FileStore file in /tmp per test (file:// init); the
+            # store deletes it when its last user closes, which a test whose ranks exit
+            # without releasing it never does (one file per suite run here)
+            try:
+                os.remove(self.file_name)
+            except FileNotFoundError:
+                pass
+
     def _name_gated(fn) -> bool:
         why = getattr(fn, "__unittest_skip_why__", "") or ""
         return bool(getattr(fn, "__unittest_skip__", False)) and any(
