@@ -7,7 +7,6 @@ no ring maths here.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -51,16 +50,11 @@ _REDOPS = {
 _REDOP_OF_CODE = {int(k): v for k, v in _REDOPS.items()}
 
 
-#: Quantized dtypes carry a scale and zero point besides their bytes: not moved as bytes.
+#: Every op moves bytes (reductions check their dtype on top), so any dtype will do, float8
+#: and the unsigned types included, except the quantized ones: they carry a scale and zero
+#: point besides their bytes.
 _QUANTIZED = frozenset(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2",
                                                    "quint2x4") if hasattr(torch, n))
-
-
-@functools.cache
-def _movable(dtype: torch.dtype) -> bool:
-    """Every op moves bytes (reductions check their dtype on top): any dtype stored in whole
-    bytes will do, float8 and the unsigned types included; quantized ones do not."""
-    return dtype not in _QUANTIZED and dtype.itemsize >= 1
 
 
 def _redop(op) -> Op:
@@ -173,7 +167,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if not t.is_contiguous():
                 raise ValueError(f"mccl {op}: tensor of shape {tuple(t.shape)} is not contiguous;"
                                  " call .contiguous() first")
-            if not _movable(t.dtype):
+            if t.dtype in _QUANTIZED:
                 raise TypeError(f"mccl {op}: unsupported dtype {t.dtype} (quantized tensors "
                                 "are not supported)")
             if device is None:

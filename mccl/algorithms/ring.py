@@ -34,6 +34,12 @@ PIECE_MAX_BYTES = 4 << 20
 PIECE_MIN_BYTES = 1 << 20
 
 
+def segment_chunks(n: int, w: int, itemsize: int, chunk_bytes: int | None = None) -> int:
+    """Chunks per segment of ``all_reduce`` over ``n`` elements on ``w`` ranks, set by segment
+    0, the largest (``copy_plan`` must cut exactly as the ring does)."""
+    return chunk_count(-(-n // w) * itemsize, chunk_bytes)
+
+
 def first_use(i: int, w: int, r: int) -> int:
     """``all_reduce`` on rank ``r`` first touches its segments in this order (its first send,
     then each reduce-scatter step): the i-th is segment (r - 1 - i) % w. The map is its own
@@ -92,9 +98,9 @@ def copy_plan(n: int, w: int, r: int, itemsize: int,
     pieces at both edges and a bounded lookahead (``StagingHandoff``) keep only a piece of
     about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end. Built once per
     shape (DDP's buckets repeat every step) for the caller's and the comm thread."""
-    seg = -(-n // w) if w else 0  # segment 0, the largest
-    k = chunk_count(seg * itemsize, chunk_bytes)
-    return _plan(n, w, r, k, max(1, -(-seg * itemsize // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES)
+    k = segment_chunks(n, w, itemsize, chunk_bytes)
+    seg_bytes = -(-n // w) * itemsize  # segment 0, the largest
+    return _plan(n, w, r, k, max(1, -(-seg_bytes // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES)
 
 
 @functools.lru_cache(maxsize=256)
@@ -134,8 +140,7 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
         return
     offs = split(buf.shape[0], w)
     nxt, prv = (r + 1) % w, (r - 1) % w
-    # segment 0 is the largest (sizes differ by at most one element)
-    k = chunk_count((offs[1] - offs[0]) * buf.itemsize, chunk_bytes)
+    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes)
     pieces: dict[int, list[np.ndarray]] = {}
 
     def cut(seg: int) -> list[np.ndarray]:
