@@ -66,10 +66,18 @@ def _median_time(fn, steps: int, sync) -> float:
 
 def _trace_ops(ops: list[dict]) -> None:
     """Record every mccl op's submission (caller's thread) and execution (comm thread) times
-    into ``ops`` (a diagnostic: wraps two Engine methods in this process)."""
+    into ``ops``, and when its first sends went out early (``early_start``, during the op
+    before it; a diagnostic: wraps three Engine methods in this process)."""
     from mccl.engine import Engine
 
-    submit, execute = Engine.submit, Engine._execute
+    submit, execute, start_next = Engine.submit, Engine._execute, Engine._start_next
+
+    def traced_start_next(self, running):
+        t = time.perf_counter()
+        start_next(self, running)
+        job = self._next
+        if getattr(job, "early", None) is not None and hasattr(job, "trace"):
+            job.trace["early_start"] = t
 
     def traced_submit(self, job, inline=False):
         job.trace = {"op": job.name, "count": job.sig.count, "submit": time.perf_counter()}
@@ -85,6 +93,7 @@ def _trace_ops(ops: list[dict]) -> None:
             rec["end"] = time.perf_counter()
 
     Engine.submit, Engine._execute = traced_submit, traced_execute
+    Engine._start_next = traced_start_next
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = traced[0]["start"]
         Path(args.trace).write_text(json.dumps({
             **{k: v - t0 for k, v in traced[0].items()},
-            "ops": [{k: (v - t0 if k in ("submit", "start", "end") else v) for k, v in o.items()}
+            "ops": [{k: (v - t0 if k in ("submit", "early_start", "start", "end") else v)
+                     for k, v in o.items()}
                     for o in traced[1]]}, indent=1))
     if rank == 0:
         print(json.dumps(result), flush=True)

@@ -69,58 +69,98 @@ class _Reducible:
             dst.reshape(-1).copy_(self.work)
 
 
+class AllReduce:
+    """One all-reduce of a host tensor, in the two parts the engine runs: ``start`` sends the
+    ring's first segment, which needs nothing from a peer (so the engine may run it early,
+    while the op before still receives its last segment), ``finish`` does the rest.
+
+    With ``stage(io)`` the hand-off copies the tensor piece by piece (``staging_plan``): the
+    ring waits for a piece's copy in just before it first reads the piece's first chunk and
+    starts its copy back as soon as its last chunk is final, so the copies overlap the
+    exchange. Half types reduce in float32 (chunk by chunk when staged) and round once.
+    """
+
+    def __init__(self, op: Op, scratch: Scratch):
+        self.op = op
+        self.scratch = scratch
+        self.io: SegmentIO | None = None
+        self._red: _Reducible | None = None
+        self._ring = False
+        self._staged: tuple | None = None  # (work tensor, ready, final) of a staged op
+
+    def stage(self, io: SegmentIO) -> None:
+        """Caller's thread, before submission: the hand-off copies range by range."""
+        self.io = io
+
+    def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        if self.io is not None:
+            self._start_staged(ch, hosts[0], self.io)
+            return
+        red = self._red = _Reducible(hosts[0], copy=False)
+        self._ring = red.arr.nbytes > SMALL_BYTES
+        if self._ring:
+            ring.all_reduce_start(ch, red.arr)
+
+    def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        fin = finisher(self.op, ch.size)
+        if self._staged is not None:
+            work, ready, final = self._staged
+            ring.all_reduce(ch, work.numpy(), reducer(self.op, work.dtype), fin, self.scratch,
+                            ready=ready, final=final, started=True)
+            return
+        if self.io is not None:
+            return  # staged over one rank: the tensor stays as it is, nothing was copied
+        red = self._red
+        assert red is not None, "finish before start"
+        fn = reducer(self.op, red.work.dtype)
+        if self._ring:
+            ring.all_reduce(ch, red.arr, fn, fin, self.scratch, started=True)
+        else:
+            doubling.all_reduce(ch, red.arr, fn, fin, self.scratch)
+        red.commit()
+
+    def _start_staged(self, ch: Channel, t: torch.Tensor, io: SegmentIO) -> None:
+        w, r = ch.size, ch.rank
+        if w == 1:
+            return  # a reduction over one rank leaves the tensor as it is: nothing to copy
+        flat = t.reshape(-1)
+        up = UPCAST.get(t.dtype)
+        work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
+        plan = staging_plan(t, w, r)
+        cuts = plan.cuts
+
+        def ready(s: int, j: int) -> None:
+            p = plan.starts[s][j]
+            if p >= 0:
+                io.wait_range(p)
+            if up is not None:
+                a, b = cuts[s][j], cuts[s][j + 1]
+                work[a:b].copy_(flat[a:b])
+
+        def final(s: int, j: int) -> None:
+            if up is not None:
+                a, b = cuts[s][j], cuts[s][j + 1]
+                flat[a:b].copy_(work[a:b])
+            p = plan.ends[s][j]
+            if p >= 0:
+                io.copy_back(p)
+
+        self._staged = (work, ready, final)
+        ring.all_reduce_start(ch, work.numpy(), ready=ready)
+
+
 def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
-    red = _Reducible(t, copy=False)
-    fn, fin = reducer(op, red.work.dtype), finisher(op, ch.size)
-    if red.arr.nbytes <= SMALL_BYTES:
-        doubling.all_reduce(ch, red.arr, fn, fin, scratch)
-    else:
-        ring.all_reduce(ch, red.arr, fn, fin, scratch)
-    red.commit()
+    """``AllReduce``'s two parts at once."""
+    run = AllReduce(op, scratch)
+    run.start(ch, [t])
+    run.finish(ch, [t])
 
 
 def staging_plan(t: torch.Tensor, w: int, r: int) -> ring.CopyPlan:
-    """The pieces ``all_reduce_staged`` copies ``t`` in, on rank ``r`` of ``w``: the caller's
+    """The pieces a staged ``AllReduce`` copies ``t`` in, on rank ``r`` of ``w``: the caller's
     thread hands their ranges to ``StagingHandoff.pipeline``; the comm thread derives the same
     plan (chunked in the dtype the ring runs in)."""
     return ring.copy_plan(t.numel(), w, r, (UPCAST.get(t.dtype) or t.dtype).itemsize)
-
-
-def all_reduce_staged(ch: Channel, t: torch.Tensor, io: SegmentIO, op: Op,
-                      scratch: Scratch) -> None:
-    """All-reduce of a host tensor whose device copies run piece by piece (``staging_plan``):
-    the ring waits for a piece's copy in just before it first reads the piece's first chunk
-    and starts its copy back as soon as its last chunk is final, so the copies overlap the
-    exchange. Half types reduce in float32 chunk by chunk and round once, as in
-    ``all_reduce``; the ring runs whatever the size (every rank stages the same sizes, and
-    the threshold for staging is far above the doubling switch)."""
-    w, r = ch.size, ch.rank
-    if w == 1:
-        return  # a reduction over one rank leaves the tensor as it is: nothing to copy
-    flat = t.reshape(-1)
-    up = UPCAST.get(t.dtype)
-    work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
-    plan = staging_plan(t, w, r)
-    cuts = plan.cuts
-
-    def ready(s: int, j: int) -> None:
-        p = plan.starts[s][j]
-        if p >= 0:
-            io.wait_range(p)
-        if up is not None:
-            a, b = cuts[s][j], cuts[s][j + 1]
-            work[a:b].copy_(flat[a:b])
-
-    def final(s: int, j: int) -> None:
-        if up is not None:
-            a, b = cuts[s][j], cuts[s][j + 1]
-            flat[a:b].copy_(work[a:b])
-        p = plan.ends[s][j]
-        if p >= 0:
-            io.copy_back(p)
-
-    ring.all_reduce(ch, work.numpy(), reducer(op, work.dtype), finisher(op, w), scratch,
-                    ready=ready, final=final)
 
 
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:

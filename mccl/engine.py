@@ -4,6 +4,12 @@ Ops of one group run in the order they were issued, on every rank, so a sequence
 identifies an op across ranks. The first failure breaks the group: the reason goes to every
 peer in an error frame (forwarded unchanged, blaming the rank at fault), and every pending or
 later op fails with it instead of hanging. Shutting down or aborting fails whatever is queued.
+
+Early start: once an all-reduce has queued its last send (its last step only receives), the
+comm thread may issue the first sends of the op queued behind it, so the link goes from one
+op's bytes to the next op's without waiting for the first op's tail and the second's start
+(gloo gets the same from running two ops at once on two threads). Sends of one connection
+stay in issue order, so every peer still reads the ops one after the other.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,13 +35,17 @@ log = logging.getLogger("mccl.engine")
 
 #: At shutdown after a failure, how long queued error frames get to reach the peers.
 ERROR_FLUSH_S = 1.0
+#: Issue a queued op's first sends while the op before it receives its last segment.
+EARLY_START = True
+#: ``Engine._next`` when no job was taken off the queue ahead of its turn.
+_NO_JOB = object()
 
 
 class OpChannel:
     """The algorithms' Channel for one op: frames tagged with the op's seq and signature."""
 
     __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued", "_started",
-                 "_headers")
+                 "_headers", "on_sends_done", "_sealed")
 
     def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float):
         self.mesh = mesh
@@ -47,6 +57,9 @@ class OpChannel:
         self._queued: set[int] = set()
         self._started: set[int] = set()  # peers this op has sent to
         self._headers: dict[int, bytes] = {}  # payload length -> this op's DATA header
+        #: Called once when the algorithm's sends are all queued (the engine's early start).
+        self.on_sends_done: Callable[[], None] | None = None
+        self._sealed: list | None = None  # mark of this op's sends, taken at sends_done
 
     def _header(self, nbytes: int) -> bytes:
         """The frame header of this op for a payload of ``nbytes``: the same for the sender
@@ -78,7 +91,20 @@ class OpChannel:
         if token:
             self.mesh.wait_marks(token)
 
+    def sends_done(self) -> None:
+        """Mark this op's sends (``flush`` waits for those only, not for sends of the next op
+        queued behind them) and let the engine start the next op."""
+        cb, self.on_sends_done = self.on_sends_done, None
+        if cb is not None:
+            self._sealed = self.mark()
+            cb()
+
     def flush(self) -> None:
+        if self._sealed is not None:
+            token, self._sealed = self._sealed, None
+            self.wait(token)
+            self._queued.clear()
+            return
         if self._queued:
             # No absolute deadline: a large op may take longer than the group timeout; the
             # sender threads fail after the timeout without progress instead.
@@ -100,6 +126,24 @@ class Job:
     handoff: Handoff
     collective: bool = True  # collectives consume a sequence number; p2p receives do not
     seq: int = 0
+    #: The part of the body that only sends (run before ``body``, and possibly early: while
+    #: the op before it receives its last segment, see the module docstring).
+    start: Body | None = None
+    #: The device tensors the op reads or writes (an early start needs them disjoint from
+    #: the running op's).
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    #: Set by an early start: the op's channel and host tensors, or what it raised.
+    early: tuple[OpChannel, list[torch.Tensor]] | None = None
+    early_error: BaseException | None = None
+
+
+def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Do two ops' tensors share memory? (Compared by storage, so views of one storage count
+    as shared even where they do not overlap.)"""
+    if not a or not b:
+        return False
+    mine = {t.untyped_storage().data_ptr() for t in a if t.numel()}
+    return any(t.untyped_storage().data_ptr() in mine for t in b if t.numel())
 
 
 class Engine:
@@ -120,6 +164,8 @@ class Engine:
         self.error: CollectiveError | None = None
         self._stopped = False
         self._aborted = False
+        self._next: object = _NO_JOB  # a job taken off the queue by an early start
+        self.early_starts = 0  # ops whose first sends went out early (tests read it)
         self._thread = threading.Thread(target=self._loop, name=f"mccl-comm-{label}", daemon=True)
         self._thread.start()
 
@@ -149,7 +195,9 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            job = self._q.get()
+            job, self._next = self._next, _NO_JOB
+            if job is _NO_JOB:
+                job = self._q.get()
             if job is None:
                 return
             self._run_counted(job)
@@ -172,8 +220,18 @@ class Engine:
         try:
             with np.errstate(all="ignore"):  # overflow wraps/saturates silently, as in torch
                 mesh.begin_op(job.seq if job.collective else 0, job.sig)
-                hosts = job.handoff.acquire()
-                ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+                if job.early_error is not None:
+                    raise job.early_error
+                if job.early is not None:
+                    ch, hosts = job.early
+                    job.early = None
+                else:
+                    hosts = job.handoff.acquire()
+                    ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+                    if job.start is not None:
+                        job.start(ch, hosts)
+                if EARLY_START and threading.current_thread() is self._thread:
+                    ch.on_sends_done = lambda: self._start_next(job)
                 job.body(ch, hosts)
                 job.handoff.release()
                 mesh.end_op()
@@ -187,6 +245,31 @@ class Engine:
                 mesh.fail(getattr(e, "origin", None) or str(err), err.peer, job.seq)
             return
         job.work.complete(job.handoff.gate(), job.handoff.result_context())
+
+    def _start_next(self, running: Job) -> None:
+        """Comm thread, inside ``running``'s body once its sends are all queued: take the next
+        job off the queue and run its ``start`` now, if it has one, its inputs are ready (no
+        wait on the device) and it touches none of ``running``'s tensors. What its start
+        raises fails that job, in its turn, not ``running``."""
+        if self._next is not _NO_JOB or self.error is not None:
+            return
+        try:
+            job = self._q.get_nowait()
+        except queue.Empty:
+            return
+        self._next = job
+        if (job is None or job.start is None or not job.collective
+                or not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors)):
+            return
+        try:
+            hosts = job.handoff.acquire()
+            ch = OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+            job.start(ch, hosts)
+        except Exception as e:  # noqa: BLE001 - reported when the job runs
+            job.early_error = e
+            return
+        job.early = (ch, hosts)
+        self.early_starts += 1
 
     def _where(self, job: Job) -> str:
         op = f"op #{job.seq}" if job.collective else "p2p"

@@ -238,12 +238,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True, opts=None, segmented=None,
+                collective: bool = True, opts=None, start=None, segmented=None,
                 device: torch.device | None | object = _UNCHECKED) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
-        (spares validating them twice); checked here if not given. ``segmented(ch, hosts,
-        io)``: the body to run instead when a staged hand-off copies the one tensor range by
-        range in the ring's segment order (all-reduce only)."""
+        (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
+        part of the op that only sends, run before ``body`` (``Job.start``).
+        ``segmented(io)``: called when a staged hand-off copies the one tensor range by range
+        in the ring's segment order (all-reduce only), before the op is queued."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
@@ -255,10 +256,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
                 lambda: coll.staging_plan(tensors[0], self.size(), self.rank()).ranges):
-            body = lambda ch, h: segmented(ch, h, handoff)
+            segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
-        job = Job(name, sig, body, work, handoff, collective=collective)
+        job = Job(name, sig, body, work, handoff, collective=collective, start=start,
+                  tensors=tensors)
         # A blocking collective runs on the caller's thread when the group is idle: the caller
         # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
         # a loaded host (async ops never do: they must not block the caller).
@@ -281,11 +283,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         device = self._device_of(op_name, [t])
         check(redop, t.dtype)
         sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
-        scratch = self._engine.scratch
-        return self._submit(op_name, sig, lambda ch, h: coll.all_reduce(ch, h[0], redop, scratch),
-                            [t], [True], [True], [t], opts=opts, device=device,
-                            segmented=lambda ch, h, io: coll.all_reduce_staged(ch, h[0], io, redop,
-                                                                               scratch))
+        run = coll.AllReduce(redop, self._engine.scratch)
+        return self._submit(op_name, sig, run.finish, [t], [True], [True], [t], opts=opts,
+                            device=device, start=run.start, segmented=run.stage)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"

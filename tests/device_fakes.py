@@ -191,6 +191,9 @@ class FakeMpsEvent:
             raise RuntimeError("synchronize before record")
         self.sync_threads.append(threading.current_thread().name)
 
+    def query(self) -> bool:
+        return bool(self.record_threads)  # the fake's "kernels" are done once recorded
+
 
 def fake_alias(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     """Stands in for ``torch.mps._host_alias_storage`` on CPU storages: the same bytes."""

@@ -115,13 +115,13 @@ def _ranged(rank: int, world: int) -> bool:
     dev = _dev(rank)
     torch.cuda.set_device(dev)
     calls: list[int] = []
-    orig = collectives.all_reduce_staged
+    orig = collectives.AllReduce._start_staged
 
-    def counted(ch, t, io, op, scratch):
+    def counted(self, ch, t, io):
         calls.append(t.numel())  # this op ran with range-by-range copies
-        return orig(ch, t, io, op, scratch)
+        return orig(self, ch, t, io)
 
-    collectives.all_reduce_staged = counted
+    collectives.AllReduce._start_staged = counted
     SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
 
     def check(n: int, dtype: torch.dtype, op, future: bool = False) -> None:
@@ -192,6 +192,46 @@ def _queued(rank: int, world: int) -> bool:
 
 def test_queued_ops_on_cuda_tensors() -> None:
     assert all(run_ranks(_queued, 2, timeout=180))
+
+
+def _early(rank: int, world: int) -> int:
+    """Queued all-reduces whose inputs are ready start early (the engine copies the next
+    op's first pieces out and sends them while the op before still receives); one whose
+    producer is still running does not. The last rank joins late, so the others' queues are
+    full when their first op reaches its last step."""
+    import time
+
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    engine = dist.group.WORLD._engine
+    if rank == world - 1:
+        time.sleep(0.5)
+    sizes = [2_500_000, 1_500_001, 2_500_000, 300_000, 2_000_003]  # ranged and whole copies
+    bufs = [(torch.arange(n, device=dev) % 1000 * (rank + 1) + i).float()
+            for i, n in enumerate(sizes)]
+    torch.cuda.synchronize()  # inputs ready: every op may start early
+    late = torch.zeros(1_000_000, device=dev)
+    works = [dist.all_reduce(b, async_op=True) for b in bufs[:3]]
+    torch.cuda._sleep(SLEEP_CYCLES * 10)  # ~1 s: not ready when op 2 reaches its last step
+    late.fill_(rank + 1)
+    works.append(dist.all_reduce(late, async_op=True))
+    works += [dist.all_reduce(b, async_op=True) for b in bufs[3:]]
+    for w in works:
+        w.wait()
+    for i, (n, b) in enumerate(zip(sizes, bufs, strict=True)):
+        want = sum((torch.arange(n, device=dev) % 1000 * (r + 1) + i).float()
+                   for r in range(world))
+        assert torch.equal(b * 1, want), i
+    assert (late * 1).min().item() == (late * 1).max().item() == sum(range(1, world + 1))
+    return engine.early_starts
+
+
+def test_queued_cuda_all_reduces_start_early_when_ready() -> None:
+    early = run_ranks(_early, 3, timeout=180)
+    for r in (0, 1):  # 0->1, 1->2 and late->3, 3->4 (op 3 is 1.2 MB: ring); not 2->late
+        assert early[r] == 4, early
 
 
 def _ddp(rank: int, world: int) -> list:

@@ -345,17 +345,17 @@ def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4),
                                                           process_group=g)
         model(torch.ones(2, 4)).sum().backward()
-        real = coll.all_reduce
+        real = coll.AllReduce.finish
         if rank == 0:
             def broken(*args, **kwargs):
                 raise RuntimeError("injected failure")
 
-            coll.all_reduce = broken
+            coll.AllReduce.finish = broken
         try:
             c.raises("DDP backward after a failed all_reduce", RuntimeError,
                      lambda: model(torch.ones(2, 4)).sum().backward(), "all_reduce")
         finally:
-            coll.all_reduce = real
+            coll.AllReduce.finish = real
         dist.barrier()  # the world group is untouched by the broken subgroup
 
     for name, fn in (("barriers", barriers), ("monitored_barrier failures", monitored_failures),

@@ -80,7 +80,7 @@ stage_env() {
 stage_tests() {
     run tests_cuda 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py
     run tests_cpu_handoff 150 "$PY" -m pytest -q -p no:cacheprovider -n 4 \
-        tests/test_device_staging.py tests/test_device_mps.py
+        tests/test_device_staging.py tests/test_device_mps.py tests/test_early_start.py
 }
 
 stage_ddp() {

@@ -39,6 +39,11 @@ class Channel(Protocol):
 
     def flush(self) -> None: ...
 
+    def sends_done(self) -> None:
+        """The op will only receive from here on (its sends are all queued): the engine may
+        queue the next op's first sends behind them."""
+        ...
+
     def mark(self) -> object:
         """A token for every send queued so far."""
         ...

@@ -124,14 +124,35 @@ def _plan(n: int, w: int, r: int, k: int, chunk: int, least_bytes: int,
                     tuple(map(tuple, ends)))
 
 
+def all_reduce_start(ch: Channel, buf: np.ndarray, chunk_bytes: int | None = None,
+                     ready: ChunkHook = None) -> None:
+    """The first sends of ``all_reduce``: this rank's segment r - 1, read as it is. They need
+    nothing from a peer, so the engine may issue them while the op before still receives
+    (``Channel.sends_done``); ``all_reduce(..., started=True)`` then does the rest."""
+    w, r = ch.size, ch.rank
+    if w == 1:
+        return
+    offs = split(buf.shape[0], w)
+    prv = (r - 1) % w
+    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes)
+    for j, c in enumerate(chunks(buf[offs[prv]:offs[prv + 1]], k)):
+        if ready is not None:
+            ready(prv, j)
+        if c.size:
+            ch.send((r + 1) % w, c)
+
+
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
                scratch: Scratch, chunk_bytes: int | None = None,
-               ready: ChunkHook = None, final: ChunkHook = None) -> None:
+               ready: ChunkHook = None, final: ChunkHook = None, started: bool = False) -> None:
     """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline.
 
     ``ready(s, j)`` is called before chunk j of segment s is first read, ``final(s, j)`` once
     it holds the result (a staged hand-off copies pieces in and out there, overlapping the
     exchange; ``copy_plan``). Both are called for every chunk, empty ones included.
+    ``started``: ``all_reduce_start`` already sent the first segment (with the same
+    ``chunk_bytes`` and ``ready``). Before its last step, which only receives, it tells the
+    channel that its sends are done.
     """
     w, r = ch.size, ch.rank
     if w == 1:
@@ -151,16 +172,15 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
             p = pieces[seg] = chunks(buf[offs[seg]:offs[seg + 1]], k)
         return p
 
-    for j, c in enumerate(cut(prv)):
-        if ready is not None:
-            ready(prv, j)
-        if c.size:
-            ch.send(nxt, c)
+    if not started:
+        all_reduce_start(ch, buf, chunk_bytes, ready)
     # (segment received at this step, reduce it?) in schedule order
     steps = [((r - s - 2) % w, True) for s in range(w - 1)]
     steps += [((r - s - 1) % w, False) for s in range(w - 1)]
     last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
+        if i == last:
+            ch.sends_done()
         done = i >= last_reduce and final is not None  # chunks final here: reduced or received
         for j, c in enumerate(cut(seg)):
             if red and ready is not None:

@@ -24,6 +24,11 @@ class Handoff(Protocol):
         """Comm thread: publish the host results back to the device (copy back if staged)."""
         ...
 
+    def ready_now(self) -> bool:
+        """Comm thread: would ``acquire`` go ahead without waiting for the producer's kernels
+        (or for an earlier op)? Asked before starting an op early, never waited on."""
+        ...
+
     def gate(self) -> Callable[[], None] | None:
         """What ``Work.wait`` runs on the waiting thread so later device work sees the result."""
         ...

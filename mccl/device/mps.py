@@ -75,6 +75,9 @@ class UnifiedHandoff:
     def release(self) -> None:
         self.hosts = []  # writes are already in the shared buffer; drop the aliases
 
+    def ready_now(self) -> bool:
+        return bool(self.event.query())
+
     def gate(self) -> Callable[[], None] | None:
         return None  # Work.wait() returning is the gate: the ring has finished writing
 

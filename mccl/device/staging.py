@@ -73,6 +73,10 @@ class Fence(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def query(self) -> bool:
+        """Has the marker passed? (Never blocks.)"""
+        ...
+
 
 class DeviceOps(Protocol):
     """The device-specific half of the staging hand-off."""
@@ -216,6 +220,7 @@ class StagingHandoff:
         if pending is not None:
             self._written = _storages(self.tensors, self.writes)
             after_writes = pending.add(_storages(self.tensors, self.reads), self._written)
+        self._after_writes = after_writes
         self._bufs: list[torch.Tensor | None] = []
         self._done: Fence | None = None
         self._out_fence: Fence | None = None
@@ -330,6 +335,12 @@ class StagingHandoff:
             self._out_fence.synchronize()  # our own device -> host copies
         assert self.hosts is not None
         return self.hosts
+
+    def ready_now(self) -> bool:
+        """The producer's marker has passed and no earlier op's copy back is awaited."""
+        if self._after_writes:
+            return False
+        return self._ready is None or bool(self._ready.query())
 
     def release(self) -> None:
         assert self.hosts is not None

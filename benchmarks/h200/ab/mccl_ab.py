@@ -15,7 +15,8 @@ kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US m
 (``sys.setswitchinterval``; CPython's default is 5000); ``piece_min``, ``piece_max``
 (``ring.PIECE_*_BYTES``), ``ahead``, ``first_ranges``, ``step_ranges`` (``staging.COPY_*``)
 size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
-segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once).
+segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once);
+``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _CONSTANTS = {
     "ahead": ("mccl.device.staging", "COPY_AHEAD_BYTES"),
     "first_ranges": ("mccl.device.staging", "COPY_FIRST_RANGES"),
     "step_ranges": ("mccl.device.staging", "COPY_STEP_RANGES"),
+    "early": ("mccl.engine", "EARLY_START"),
 }
 
 

@@ -1,0 +1,160 @@
+"""Early start (mccl.engine): a queued all-reduce's first sends go out while the op before it
+still receives its last segment. Results stay exact, ops stay in issue order, an op that
+shares a tensor with the running one or whose inputs are not ready yet is not started early,
+and a dead peer still fails every survivor instead of hanging.
+
+Ops are queued behind one that waits for the last rank (it joins late), so on every other
+rank the whole queue is there when the first op reaches its last step: how many ops start
+early is then known, not left to timing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from mccl.bench.spawn import run_ranks
+from tests.device_fakes import FakeAsyncOps, install_fake_staging, slow_fill
+
+LATE_S = 0.5  # the last rank joins this much later, so the others' queues are full
+
+
+def _values(rank: int, i: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.arange(n) % 97 * (rank + 1) + i).to(dtype)
+
+
+def _want(world: int, i: int, n: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    vals = [_values(r, i, n, dtype) for r in range(world)]
+    if op == "max":
+        return torch.stack(vals).amax(0)
+    # float sums in float32 (half types reduce in float32 and round once), ints exact
+    acc = sum(v.float() if dtype.is_floating_point else v for v in vals)
+    if op == "avg":
+        acc = acc / world
+    return acc.to(dtype)
+
+
+#: (elements, dtype, op): ring-sized ones (over 128 KiB in the dtype reduced in) start the
+#: op behind them early; the 1000-element one runs recursive doubling.
+OPS = [(300_001, torch.float32, "sum"), (70_001, torch.float16, "sum"),
+       (1_000, torch.float32, "sum"), (200_003, torch.bfloat16, "avg"),
+       (150_001, torch.int64, "max"), (90_001, torch.float64, "sum")]
+
+
+def _queued(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX}
+    engine = dist.group.WORLD._engine
+    if rank == world - 1:
+        time.sleep(LATE_S)
+    tensors = [_values(rank, i, n, dt) for i, (n, dt, _) in enumerate(OPS)]
+    works = [dist.all_reduce(t, op=ops[op], async_op=True)
+             for t, (_, _, op) in zip(tensors, OPS, strict=True)]
+    # an op without a start part in the queue, then one tensor twice in a row: neither the
+    # all-gather nor the second op on that tensor may start early
+    gathered = [torch.zeros(5) for _ in range(world)]
+    works.append(dist.all_gather(gathered, torch.full((5,), float(rank)), async_op=True))
+    twice = torch.full((40_000,), float(rank + 1))
+    works += [dist.all_reduce(twice, async_op=True), dist.all_reduce(twice, async_op=True)]
+    for w in works:
+        w.wait()
+    for i, (t, (n, dt, op)) in enumerate(zip(tensors, OPS, strict=True)):
+        assert torch.equal(t, _want(world, i, n, dt, op)), (i, n, dt, op)
+    assert all(torch.equal(g, torch.full((5,), float(r))) for r, g in enumerate(gathered))
+    s = float(sum(range(1, world + 1)))
+    assert torch.equal(twice, torch.full((40_000,), s * world))
+    early = engine.early_starts
+    dist.barrier()
+    return {"early": early}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_queued_all_reduces_start_early_and_stay_exact(world: int) -> None:
+    res = run_ranks(_queued, world, timeout=120)
+    # a ring-sized op followed by an all-reduce of other tensors starts it early: 0->1,
+    # 1->2 (op 2, doubling, has nothing to send early, but is started), 3->4, 4->5. Op 2 runs
+    # doubling (no last-step signal), op 5 is followed by the all-gather (no start part), and
+    # the first all-reduce of `twice` (160 KB: ring) by one of the same tensor.
+    for r in range(world - 1):
+        assert res[r]["early"] == 4, (r, res)
+
+
+def _staged(rank: int, world: int) -> dict:
+    """Staged hand-offs (the fake asynchronous device): early starts copy the next op's
+    first pieces while the op before still receives; an op whose producer has not finished
+    is not started early (its acquire would wait for the device)."""
+    import torch.distributed as dist
+
+    from mccl import collectives
+    from mccl.device import staging
+
+    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)  # ranges from 144 KiB
+    adapter = install_fake_staging(False)
+    ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
+    engine = dist.group.WORLD._engine
+    if rank == world - 1:
+        time.sleep(LATE_S)
+    n = 100_003
+    bufs = [torch.zeros(n) for _ in range(4)]
+    for i, b in enumerate(bufs[:2]):
+        b.copy_(_values(rank, i, n, torch.float32))
+    works = [dist.all_reduce(b, async_op=True) for b in bufs[:2]]
+    # op 2's producer is still running when op 1 reaches its last step: not started early
+    slow_fill(ops.current, bufs[2], float(rank), delay=LATE_S + 1.0)
+    works.append(dist.all_reduce(bufs[2], async_op=True))
+    bufs[3].copy_(_values(rank, 3, n, torch.float32))
+    works.append(dist.all_reduce(bufs[3], async_op=True))
+    for w in works:
+        w.wait()
+    ops.current.synchronize()
+    for i in (0, 1, 3):
+        assert torch.equal(bufs[i], _want(world, i, n, torch.float32, "sum")), i
+    assert torch.equal(bufs[2], torch.full((n,), float(sum(range(world)))))
+    early = engine.early_starts
+    dist.barrier()
+    return {"early": early}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_staged_all_reduces_start_early_only_when_ready(world: int) -> None:
+    res = run_ranks(_staged, world, timeout=120)
+    for r in range(world - 1):  # 0->1 and 2->3 early; 1->2 waits for op 2's producer
+        assert res[r]["early"] == 2, (r, res)
+
+
+def _killed(rank: int, world: int) -> dict:
+    """Batches of queued all-reduces (early starts between them) until a rank is killed."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
+    engine = group._engine
+    if rank == world - 1:  # killed mid-batch, at whatever point its ops are
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    bufs = [torch.ones(300_000) for _ in range(4)]
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            for w in [dist.all_reduce(b, group=group, async_op=True) for b in bufs]:
+                w.wait()
+            for b in bufs:
+                b.fill_(1.0)
+    except CollectiveError as e:
+        return {"peer": e.peer, "early": engine.early_starts}
+    return {"peer": None}
+
+
+def test_dead_peer_during_early_starts_fails_every_survivor() -> None:
+    res = run_ranks(_killed, 3, timeout=90, expect_missing=(2,))
+    for r in (0, 1):
+        assert res[r]["peer"] == 2, res
+        assert res[r]["early"] > 0, res  # the early path was in use when the peer died
