@@ -16,7 +16,10 @@ kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US m
 (``ring.PIECE_*_BYTES``), ``ahead``, ``first_ranges``, ``step_ranges`` (``staging.COPY_*``)
 size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
 segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once);
-``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``).
+``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``);
+``recv_piece=N`` reads every frame in receives of at most N bytes (the kernel holds the
+socket's lock while one receive copies what is queued, and handles newly arrived packets, and
+so their ACKs, only after it).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -116,6 +119,16 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
 
         return tcp, "tune_socket", tune_more
+    if key == "recv_piece":
+        peer = importlib.import_module("mccl.transport.tcp").Peer
+        recv_exact = peer.recv_exact
+
+        def in_pieces(self, buf):
+            mv = memoryview(buf).cast("B")
+            for a in range(0, len(mv), value):
+                recv_exact(self, mv[a:a + value])
+
+        return peer, "recv_exact", in_pieces if value else recv_exact
     if key == "whole":
         ring = importlib.import_module("mccl.algorithms.ring")
         plan = ring.copy_plan
