@@ -137,6 +137,15 @@ class Job:
     early_error: BaseException | None = None
 
 
+def _discard(job: Job) -> None:
+    """Give back what a failed or never-run op's hand-off holds; a failure here is logged and
+    never keeps the op's Work from being failed."""
+    try:
+        job.handoff.discard()
+    except Exception:  # noqa: BLE001
+        log.exception("mccl %s: releasing the hand-off of a failed op", job.name)
+
+
 def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Do two ops' tensors share memory? (Compared by storage, so views of one storage count
     as shared even where they do not overlap.)"""
@@ -179,6 +188,7 @@ class Engine:
         thread hand-offs of latency. Ops still run strictly in issue order."""
         with self._seq_lock:  # shutdown() takes it too: no job can land behind the sentinel
             if self._stopped:
+                _discard(job)
                 how = "aborted" if self._aborted else "shut down"
                 raise CollectiveError(
                     f"mccl {job.name}: process group '{self.label}' was {how}", op=job.name)
@@ -214,6 +224,7 @@ class Engine:
 
     def _execute(self, job: Job) -> None:
         if self.error is not None:
+            _discard(job)
             job.work.fail(self._later_error(job))
             return
         mesh = self.mesh
@@ -239,6 +250,7 @@ class Engine:
             err = self._wrap(job, e)
             self.error = err
             log.error("%s", err)
+            _discard(job)
             job.work.fail(err)
             if not mesh.closed:
                 # Forward the original reason (not our wrapper) so messages do not nest.

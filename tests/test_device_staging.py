@@ -433,6 +433,39 @@ def test_pipelined_ops_reuse_the_pooled_buffer(monkeypatch) -> None:
     assert ops.host_allocs == 1 and adapter.pool.held_bytes == 600 * 4
 
 
+@pytest.mark.parametrize("on_caller", [False, True], ids=["comm-copies", "caller-copies"])
+def test_a_failed_op_gives_its_buffer_back_and_unblocks_later_readers(on_caller: bool) -> None:
+    """discard() (an op that failed or never ran): its host buffer returns to the pool behind
+    a fence of the copies enqueued so far, nothing is copied back, and a later op reading the
+    same tensor no longer waits for that op's copy back (ready_now, and copies out at once
+    where the caller copies)."""
+    adapter, ops = _adapter(copy_out_on_caller=on_caller, copy_delay=0.01)
+    t = torch.ones(500)
+    first = adapter.prepare([t], [True], [True])
+    ops.current.synchronize()
+    assert first.ready_now()
+    if not on_caller:
+        on_thread(first.acquire)
+    blocked = adapter.prepare([t], [True], [True])  # reads what `first` would write back
+    assert not blocked.ready_now()  # it must wait for that copy back: not startable early
+    on_thread(first.discard)
+    assert adapter.pool.held_bytes == 500 * 4  # the buffer is back (fenced)
+    on_thread(blocked.discard)  # it never ran either (the group failed)
+    later = adapter.prepare([t], [True], [True])
+    ops.current.synchronize()
+    assert later.ready_now()  # no pending copy back any more
+    hosts = on_thread(later.acquire)
+    assert torch.equal(hosts[0], torch.ones(500))
+    on_thread(later.release)
+    ops.side.synchronize()
+    ops.current.synchronize()
+    assert torch.equal(t, torch.ones(500))  # the failed op wrote nothing back
+    assert [d for d, _ in ops.copies].count("back") == 1  # only `later`'s
+    held = adapter.pool.held_bytes
+    first.discard()  # twice: nothing more is given back
+    assert adapter.pool.held_bytes == held
+
+
 # ---- end to end: real ranks, every op through the fake asynchronous staging adapter ----
 
 def _collectives_through_fake_staging(rank: int, world: int, on_caller: bool) -> str:

@@ -24,6 +24,11 @@ class Handoff(Protocol):
         """Comm thread: publish the host results back to the device (copy back if staged)."""
         ...
 
+    def discard(self) -> None:
+        """Comm thread: the op failed or never ran: give back what ``prepare`` and
+        ``acquire`` took (host buffers, pending-write entries); no result is published."""
+        ...
+
     def ready_now(self) -> bool:
         """Comm thread: would ``acquire`` go ahead without waiting for the producer's kernels
         (or for an earlier op)? Asked before starting an op early, never waited on."""

@@ -19,6 +19,9 @@ class CpuHandoff:
     def release(self) -> None:
         pass
 
+    def discard(self) -> None:
+        pass
+
     def ready_now(self) -> bool:
         return True
 

@@ -75,6 +75,9 @@ class UnifiedHandoff:
     def release(self) -> None:
         self.hosts = []  # writes are already in the shared buffer; drop the aliases
 
+    def discard(self) -> None:
+        self.hosts = []
+
     def ready_now(self) -> bool:
         return bool(self.event.query())
 

@@ -358,14 +358,31 @@ class StagingHandoff:
                         self.ops.copy(t, h)
                         copied = True
             self._done = self.ops.fence() if copied else None
-        if self._pending is not None:
-            self._pending.remove(self._written)
-            self._written = []
-        for buf, w in zip(self._bufs, self.writes, strict=True):
+        self._unpend()
+        bufs, self._bufs = self._bufs, []
+        for buf, w in zip(bufs, self.writes, strict=True):
             if buf is not None:
                 self.pool.give(buf, self._done if w else None)
-        self._bufs = []
         self.hosts = None  # the tensors are device tensors again; drop host references
+
+    def discard(self) -> None:
+        """The op failed or never ran: its buffers go back to the pool fenced behind every
+        copy enqueued so far (one may still be reading or writing them), nothing is copied
+        back, and later ops no longer wait for a copy back that will not come."""
+        self._unpend()
+        bufs, self._bufs = self._bufs, []
+        if any(b is not None for b in bufs):
+            with self.ops.copy_context():
+                fence = self.ops.fence()
+            for buf in bufs:
+                if buf is not None:
+                    self.pool.give(buf, fence)
+        self.hosts = None
+
+    def _unpend(self) -> None:
+        if self._pending is not None and self._written:
+            self._pending.remove(self._written)
+            self._written = []
 
     def gate(self) -> Callable[[], None] | None:
         return self.ops.gate(self._done)
