@@ -121,6 +121,26 @@ def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
     assert [r["reps"] for r in doc["rows"]] == [1]
 
 
+def test_bench_queue_issues_async_ops_and_reports_per_op(tmp_path: Path) -> None:
+    """--queue N: N async ops per timed call on N buffer sets, results still checked, times
+    per op; the table says so; 0 is refused in one line."""
+    out = tmp_path / "q.json"
+    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl,gloo", "--world-sizes", "2",
+            "--sizes", "64K", "--ops", "all_reduce,sendrecv", "--iters", "3", "--warmup", "1",
+            "--ceiling-seconds", "0.5", "--queue", "3", "--check", "--json", str(out)]
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["config"]["queue"] == 3
+    assert len(doc["rows"]) == 4 and all(r["queue"] == 3 for r in doc["rows"])
+    assert all(r["check"] is True for r in doc["rows"])
+    assert "queue=3 (times per op)" in res.stdout
+    bad = subprocess.run(argv[:-2] + ["--queue", "0"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--queue must be at least 1" in bad.stderr
+
+
 @pytest.mark.timeout(120)
 def test_hung_and_crashed_ranks_are_killed_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     from mccl.bench.runner import BenchConfig, run_job
@@ -353,6 +373,16 @@ def test_ab_settings_apply_and_restore() -> None:
     assert (tcp.tune_socket, tcp.Peer.recv_exact) != fns
     undo()
     assert (tcp.tune_socket, tcp.Peer.recv_exact) == fns
+    undo = mccl_ab.apply("recv_piece=4096")
+    assert tcp.Peer.recv_exact is not fns[1]
+    undo()
+    assert tcp.Peer.recv_exact is fns[1]
+    from mccl import engine
+
+    undo = mccl_ab.apply("early=0")
+    assert not engine.EARLY_START
+    undo()
+    assert engine.EARLY_START
     from mccl.algorithms import ring
 
     plan = ring.copy_plan

@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="back-to-back ops per timed sample until it lasts this long (default "
                         "0.05; longer samples count each op's start and the barrier's exit "
                         "skew less, as nccl-tests' runs of 20 ops do)")
+    p.add_argument("--queue", type=int, default=1, metavar="N",
+                   help="issue N ops asynchronously back to back per timed call, on N buffer "
+                        "sets, and wait for them all (DDP's bucket pattern: each op is queued "
+                        "while the one before runs); times are per op (default 1: blocking "
+                        "ops one after the other)")
     p.add_argument("--cluster", action="store_true",
                    help="run ranks in emulated hosts (Linux netns, root)")
     p.add_argument("--hosts", type=int, default=0, help="cluster hosts (default: max world size)")
@@ -144,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         worlds = [int(w) for w in _csv(args.world_sizes)]
         if not worlds or min(worlds) < 2:
             raise ValueError("world sizes must be >= 2")
+        if args.queue < 1:
+            raise ValueError(f"--queue must be at least 1, got {args.queue}")
         import torch
 
         if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
@@ -170,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = BenchConfig(ops=ops, sizes=sizes, dtype=args.dtype, iters=args.iters,
                       warmup=args.warmup, time_budget=args.time_budget, check=args.check,
                       per_op_barrier=args.per_op_barrier, min_sample_s=args.min_sample,
-                      device=args.device,
+                      queue=args.queue, device=args.device,
                       stall_timeout=args.timeout)
     doc = new_document(argv, {**asdict(cfg), "backends": backends, "world_sizes": worlds})
     signal.signal(signal.SIGTERM, _raise_interrupt)

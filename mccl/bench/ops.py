@@ -56,17 +56,49 @@ def element_count(op: str, size_bytes: int, world: int, elem_size: int) -> int:
 
 @dataclass
 class Case:
-    """A prepared op: `run()` is the timed call; `check()` re-fills inputs, runs once, verifies."""
+    """A prepared op: `run()` is the timed call (``queue`` ops); `check()` re-fills inputs,
+    runs once, verifies."""
 
     run: Callable[[], None]
     check: Callable[[], bool]
     count: int
     nbytes: int
+    queue: int = 1
 
 
 def make_case(op: str, count: int, dtype: object, rank: int, world: int,
-              device: str = "cpu") -> Case:
-    """Allocate buffers for op on this rank and return its timed call and checker."""
+              device: str = "cpu", queue: int = 1) -> Case:
+    """Allocate buffers for op on this rank and return its timed call and checker.
+
+    ``queue`` > 1: the timed call issues that many ops of this size on as many buffer sets,
+    asynchronously and back to back, then waits for them all (DDP's gradient buckets: an op
+    is queued while the one before runs, so a backend may overlap consecutive ops); the
+    caller divides its time by ``queue``."""
+    if queue < 1:
+        raise ValueError(f"queue must be at least 1, got {queue}")
+    cases = [_one_case(op, count, dtype, rank, world, device) for _ in range(queue)]
+    if queue == 1:
+        run, check, _ = cases[0]
+    else:
+        def run() -> None:
+            works = [w for _, _, issue in cases for w in issue()]
+            for w in works:
+                w.wait()
+
+        check = cases[0][1]
+    elem = _element_size(dtype)
+    return Case(run=run, check=check, count=count, nbytes=count * elem, queue=queue)
+
+
+def _element_size(dtype: object) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()  # type: ignore[arg-type]
+
+
+def _one_case(op: str, count: int, dtype: object, rank: int, world: int, device: str
+              ) -> tuple[Callable[[], None], Callable[[], bool], Callable[[], list]]:
+    """One buffer set of op: (blocking call, check, asynchronous call returning its works)."""
     import torch
     import torch.distributed as dist
 
@@ -90,6 +122,9 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
         def run() -> None:
             dist.all_reduce(buf)
 
+        def issue() -> list:
+            return [dist.all_reduce(buf, async_op=True)]
+
         def check() -> bool:
             buf.copy_(pattern(count, rank))
             dist.all_reduce(buf)
@@ -104,6 +139,9 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
 
         def run() -> None:
             gather(out, inp)
+
+        def issue() -> list:
+            return [gather(out, inp, async_op=True)]
 
         def check() -> bool:
             inp.copy_(pattern(chunk, rank))
@@ -120,6 +158,9 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
         def run() -> None:
             scatter(out, inp)
 
+        def issue() -> list:
+            return [scatter(out, inp, async_op=True)]
+
         def check() -> bool:
             inp.copy_(pattern(count, rank))
             scatter(out, inp)
@@ -131,6 +172,9 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
 
         def run() -> None:
             dist.broadcast(buf, src=BROADCAST_ROOT)
+
+        def issue() -> list:
+            return [dist.broadcast(buf, src=BROADCAST_ROOT, async_op=True)]
 
         def check() -> bool:
             buf.copy_(pattern(count, 1) if rank == BROADCAST_ROOT else torch.zeros_like(buf))
@@ -144,6 +188,9 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
         def run() -> None:
             dist.all_to_all_single(out, inp)
 
+        def issue() -> list:
+            return [dist.all_to_all_single(out, inp, async_op=True)]
+
         def check() -> bool:
             # chunk j of rank r carries offset r*n + j; rank r receives chunk r of every rank
             inp.copy_(torch.cat([pattern(chunk, rank * n + j) for j in range(n)]))
@@ -156,9 +203,11 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
         rbuf = torch.zeros(count, dtype=dt, device=device)
         dst, src = (rank + 1) % n, (rank - 1) % n
 
+        def issue() -> list:
+            return [dist.isend(sbuf, dst), dist.irecv(rbuf, src)]
+
         def run() -> None:
-            reqs = [dist.isend(sbuf, dst), dist.irecv(rbuf, src)]
-            for req in reqs:
+            for req in issue():
                 req.wait()
 
         def check() -> bool:
@@ -168,4 +217,4 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
 
     else:
         raise ValueError(f"unknown op {op!r}")
-    return Case(run=run, check=check, count=count, nbytes=count * elem)
+    return run, check, issue

@@ -113,7 +113,9 @@ def format_table(rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
     ratio = "mccl" in backends and "gloo" in backends
     for (op, world, dtype), grp in _groups(rows).items():
         present = [b for b in backends if any(r["backend"] == b for r in grp)]
+        queue = max(r.get("queue", 1) for r in grp)
         lines.append(f"# {op}  world_size={world}  dtype={dtype}"
+                     + (f"  queue={queue} (times per op)" if queue > 1 else "")
                      + (f"  ceiling={ceiling_bps / 1e9:.3f} GB/s" if ceiling_bps else ""))
         head = f"{'size':>8} {'count':>11} {'type':>8}"
         sub = f"{'':>8} {'':>11} {'':>8}"

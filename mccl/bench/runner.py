@@ -56,6 +56,7 @@ class BenchConfig:
     check: bool = False
     per_op_barrier: bool = False  # one op per timed sample (else back-to-back runs, see worker)
     min_sample_s: float = 0.05  # back-to-back ops per sample until it lasts this long (worker)
+    queue: int = 1  # ops issued asynchronously back to back per timed call (ops.make_case)
     device: str = "cpu"
     op_timeout: float = 120.0  # torch.distributed timeout inside ranks
     stall_timeout: float = STALL_BASE_S
@@ -276,7 +277,7 @@ def _run_once(backend: str, world: int, cfg: BenchConfig, ops: list[str],
 
 def _budget(cfg: BenchConfig, current: tuple[str, int], ceiling_bps: float | None) -> float:
     """Deadline for one (op, size): floor + generous multiple of the ideal transfer time."""
-    ideal = _ideal_seconds(current[0], current[1], ceiling_bps)
+    ideal = _ideal_seconds(current[0], current[1], ceiling_bps) * cfg.queue  # per sample
     timed = min(cfg.iters, 3) if cfg.time_budget > 0 else cfg.iters  # budget bounds the rest
     iters = cfg.warmup + timed + 2  # + check + slack
     samples = iters + 1  # + the back-to-back calibration; each lasts about min_sample_s

@@ -62,15 +62,17 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
     dtype = getattr(torch, cfg["dtype"])
     elem = torch.empty((), dtype=dtype).element_size()
     device = cfg.get("device", "cpu")
-    case = make_case(op, element_count(op, size, world, elem), dtype, rank, world, device)
+    case = make_case(op, element_count(op, size, world, elem), dtype, rank, world, device,
+                     queue=int(cfg.get("queue", 1)))
 
     def timed(reps: int = 1) -> float:
+        """Seconds per op (a rep is ``case.queue`` ops)."""
         dist.barrier(group=tgroup)
         t0 = time.perf_counter()
         for _ in range(reps):
             case.run()
         _sync(device)
-        return (time.perf_counter() - t0) / reps
+        return (time.perf_counter() - t0) / (reps * case.queue)
 
     iters, reps = int(cfg["iters"]), 1
     warm = [timed() for _ in range(int(cfg["warmup"]))]
@@ -81,10 +83,11 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
         est = max(est_t.item(), 1e-9)
         if not cfg.get("per_op_barrier"):
             min_sample = float(cfg.get("min_sample_s", MIN_SAMPLE_S))
-            reps = max(1, min(MAX_REPS, int(min_sample / est)))
+            reps = max(1, min(MAX_REPS, int(min_sample / (est * case.queue))))
             timed(reps)  # warms the back-to-back pattern too
         if budget > 0:
-            iters = max(min(iters, int(budget / (est * reps))), min(MIN_ITERS, iters))
+            iters = max(min(iters, int(budget / (est * reps * case.queue))),
+                        min(MIN_ITERS, iters))
     local = torch.tensor([timed(reps) for _ in range(iters)], dtype=torch.float64)
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=tgroup)  # per-iteration slowest rank
     times = local.tolist()
@@ -97,6 +100,7 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
     algbw = case.nbytes / med / 1e9
     return {"op": op, "size": case.nbytes, "requested_size": size, "count": case.count,
             "dtype": cfg["dtype"], "world_size": world, "iters": iters, "reps": reps,
+            "queue": case.queue,
             "time_us": med * 1e6, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
             "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, world), "check": check_ok}
 
