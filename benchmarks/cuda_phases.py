@@ -50,6 +50,7 @@ def _rank(rank: int, world: int, size: int, reps: int, devices: tuple[str, ...])
 
     for name in ("acquire", "wait_range", "copy_back", "release"):
         timed(staging.StagingHandoff, name)
+    timed(collectives.ring, "all_reduce_start")  # the ring's first sends (the op's start part)
     timed(collectives.ring, "all_reduce")
     assert collectives.ring is ring
 
@@ -67,11 +68,12 @@ def _rank(rank: int, world: int, size: int, reps: int, devices: tuple[str, ...])
             if device == "cuda":
                 torch.cuda.synchronize()
             t1 = time.perf_counter()
+            starts = [m for m in marks if m[0] == "all_reduce_start"]
             rings = [m for m in marks if m[0] == "all_reduce"]
             waits = [m for m in marks if m[0] == "wait_range"]
             row = {"op_ms": (t1 - t0) * 1e3}
-            if rings:
-                _, r0, r1 = rings[-1]
+            if rings and starts:
+                r0, r1 = starts[-1][1], rings[-1][2]
                 row.update(head_ms=(r0 - t0) * 1e3, ring_ms=(r1 - r0) * 1e3,
                            tail_ms=(t1 - r1) * 1e3)
             if waits:

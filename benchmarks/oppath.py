@@ -38,6 +38,16 @@ WARMUP_OPS = 10
 ROUNDS = 4  # with --variants: each variant runs reps/ROUNDS ops per round
 
 
+def _stamping(fn, st: dict[str, float], now):
+    """``fn`` that stamps "body" when the first part of the op's body runs."""
+
+    def timed(ch, hosts):
+        st.setdefault("body", now())
+        return fn(ch, hosts)
+
+    return timed
+
+
 def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
           async_op: bool, variants: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
     import warnings
@@ -57,15 +67,12 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
 
         def stamped(*a, **k):
             st.setdefault(label, now())
-            if wrap_body:  # Engine._execute(self, job): stamp the job's body too
+            if wrap_body:  # Engine._execute(self, job): stamp the job's body (or start part)
                 job = a[1]
-                body = job.body
-
-                def timed_body(ch, hosts):
-                    st.setdefault("body", now())
-                    return body(ch, hosts)
-
-                job.body = timed_body
+                for part in ("start", "body"):
+                    fn = getattr(job, part)
+                    if fn is not None:
+                        setattr(job, part, _stamping(fn, st, now))
             return f(*a, **k)
 
         setattr(owner, name, stamped)

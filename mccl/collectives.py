@@ -201,26 +201,10 @@ def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) ->
         segs = _segments(red.arr, ch.size)
         # out of place: the input is only read; rank r's reduced segment lands in `mine`
         mine = segs[ch.rank] if is_root else np.empty_like(segs[ch.rank])
-        ring.reduce_scatter(ch, segs, mine, fn, fin, scratch)
+        ring.reduce_scatter(ch, segs, mine, fn, fin, scratch, ends_op=False)  # gather follows
         direct.gather(ch, mine, segs if is_root else None, root)
     if is_root:
         red.commit()
-
-
-def reduce_scatter(ch: Channel, out: torch.Tensor, inputs: list[torch.Tensor], op: Op,
-                   scratch: Scratch) -> None:
-    """out = reduction over ranks of inputs[rank]; inputs are only read (no copy of them,
-    except the float32 copy that half types reduce in)."""
-    up = UPCAST.get(out.dtype)
-    _reduce_scatter(ch, out, [_readable(t, up) for t in inputs], up, op, scratch)
-
-
-def reduce_scatter_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor, op: Op,
-                        scratch: Scratch) -> None:
-    """``reduce_scatter`` of one flat input holding every rank's part in rank order: one
-    numpy view cut in numpy (cheaper per op than a torch slice and view per rank)."""
-    up = UPCAST.get(out.dtype)
-    _reduce_scatter(ch, out, _segments(_readable(inp, up), ch.size), up, op, scratch)
 
 
 def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
@@ -229,24 +213,60 @@ def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
     return t.reshape(-1).to(up).numpy() if up is not None else as_array(t)
 
 
-def _reduce_scatter(ch: Channel, out: torch.Tensor, src: list[np.ndarray],
-                    up: torch.dtype | None, op: Op, scratch: Scratch) -> None:
-    """The ring reduce-scatter of ``src`` (one array per rank, in dtype ``up`` for half
-    types) into ``out``; half types round into ``out`` once."""
-    work = torch.empty(out.numel(), dtype=up) if up is not None else out.reshape(-1)
-    fn, fin = reducer(op, work.dtype), finisher(op, ch.size)
-    ring.reduce_scatter(ch, src, work.numpy(), fn, fin, scratch)
-    if up is not None:
-        out.reshape(-1).copy_(work)
+class ReduceScatter:
+    """Reduce-scatter in the engine's two parts (see ``AllReduce``): ``start`` sends input
+    segment r - 1. Host tensors: the inputs, one per rank, then the output (``flat``: the
+    output, then one input holding every rank's part in rank order, cut in numpy, which is
+    cheaper per op than a torch slice and view per rank). Inputs are only read (no copy of
+    them, except the float32 copy that half types reduce in); half types round once."""
+
+    def __init__(self, op: Op, scratch: Scratch, flat: bool):
+        self.op = op
+        self.scratch = scratch
+        self.flat = flat
+        self._parts: tuple[torch.Tensor, list[np.ndarray]] | None = None
+
+    def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        out = hosts[0] if self.flat else hosts[-1]
+        up = UPCAST.get(out.dtype)
+        if self.flat:
+            src = _segments(_readable(hosts[1], up), ch.size)
+        else:
+            src = [_readable(t, up) for t in hosts[:-1]]
+        self._parts = (out, src)
+        ring.reduce_scatter_start(ch, src)
+
+    def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        assert self._parts is not None, "finish before start"
+        out, src = self._parts
+        up = UPCAST.get(out.dtype)
+        work = torch.empty(out.numel(), dtype=up) if up is not None else out.reshape(-1)
+        fn, fin = reducer(self.op, work.dtype), finisher(self.op, ch.size)
+        ring.reduce_scatter(ch, src, work.numpy(), fn, fin, self.scratch, started=True)
+        if up is not None:
+            out.reshape(-1).copy_(work)
 
 
-def all_gather(ch: Channel, outs: list[torch.Tensor], inp: torch.Tensor) -> None:
-    ring.all_gather(ch, [as_bytes(o) for o in outs], as_bytes(inp))
+class AllGather:
+    """All-gather in the engine's two parts (see ``AllReduce``): ``start`` sends this rank's
+    input. Host tensors: the outputs, one per rank, then the input (``flat``: one output
+    holding every rank's part in rank order, then the input)."""
 
+    def __init__(self, flat: bool):
+        self.flat = flat
+        self._parts: tuple[list[np.ndarray], np.ndarray] | None = None
 
-def all_gather_flat(ch: Channel, out: torch.Tensor, inp: torch.Tensor) -> None:
-    """``all_gather`` into one flat output holding every rank's part in rank order."""
-    ring.all_gather(ch, _segments(as_bytes(out), ch.size), as_bytes(inp))
+    def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        if self.flat:
+            segs = _segments(as_bytes(hosts[0]), ch.size)
+        else:
+            segs = [as_bytes(o) for o in hosts[:-1]]
+        self._parts = (segs, as_bytes(hosts[-1]))
+        ring.all_gather_start(ch, *self._parts)
+
+    def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
+        assert self._parts is not None, "finish before start"
+        ring.all_gather(ch, *self._parts, started=True)
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

@@ -349,9 +349,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
         sig = signature(Kind.ALL_GATHER, inp.dtype, count=sum(o.numel() for o in outs))
         n = len(outs)
-        return self._submit(op_name, sig, lambda ch, h: coll.all_gather(ch, h[:n], h[n]),
-                            outs + [inp], [False] * n + [True], [True] * n + [False], outs,
-                            opts=opts)
+        run = coll.AllGather(flat=False)
+        return self._submit(op_name, sig, run.finish, outs + [inp], [False] * n + [True],
+                            [True] * n + [False], outs, opts=opts, start=run.start)
 
     def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor,
                         opts=None):
@@ -359,8 +359,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
         sig = signature(Kind.ALL_GATHER, inp.dtype, count=output.numel())
-        return self._submit(op_name, sig, lambda ch, h: coll.all_gather_flat(ch, h[0], h[1]),
-                            [output, inp], [False, True], [True, False], [output], opts=opts)
+        run = coll.AllGather(flat=True)
+        return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
+                            [True, False], [output], opts=opts, start=run.start)
 
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_flat("all_gather_into_tensor", output, input, opts)
@@ -431,12 +432,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, out.dtype)
         sig = signature(Kind.REDUCE_SCATTER, out.dtype, redop,
                         count=sum(t.numel() for t in ins))
-        scratch = self._engine.scratch
         n = len(ins)
-        return self._submit(op_name, sig,
-                            lambda ch, h: coll.reduce_scatter(ch, h[n], h[:n], redop, scratch),
-                            ins + [out], [True] * n + [False], [False] * n + [True], [out],
-                            opts=opts, device=device)
+        run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
+        return self._submit(op_name, sig, run.finish, ins + [out], [True] * n + [False],
+                            [False] * n + [True], [out], opts=opts, device=device,
+                            start=run.start)
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -446,11 +446,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, "input", input, output.numel() * w)
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
-        scratch = self._engine.scratch
-        return self._submit(op_name, sig,
-                            lambda ch, h: coll.reduce_scatter_flat(ch, h[0], h[1], redop, scratch),
-                            [output, input], [False, True], [True, False], [output], opts=opts,
-                            device=device)
+        run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
+        return self._submit(op_name, sig, run.finish, [output, input], [False, True],
+                            [True, False], [output], opts=opts, device=device, start=run.start)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)

@@ -162,14 +162,23 @@ def test_ring_all_reduce_chunk_hooks(world: int, n: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("n", [0, 1, 5, 1234])
-def test_reduce_scatter_out_of_place(world: int, n: int) -> None:
+@pytest.mark.parametrize("how", ["one call", "two parts", "more sends follow"])
+def test_reduce_scatter_out_of_place(world: int, n: int, how: str) -> None:
+    """Also in two parts (reduce_scatter_start, then started=True), and with ends_op=False
+    (a reduce's gather follows): no sends_done() then; else exactly one, before the last
+    step (FakeChannel fails any send after it)."""
     fn = reducer(Op.MAX, torch.float64)
     fin = finisher(Op.MAX, world)
     def body(ch):
         src = [data(ch.rank, n) + i for i in range(world)]
         keep = [s.copy() for s in src]
         out = np.full(n, -1.0)
-        ring.reduce_scatter(ch, src, out, fn, fin, Scratch())
+        if how == "two parts":
+            ring.reduce_scatter_start(ch, src, 256)
+        ring.reduce_scatter(ch, src, out, fn, fin, Scratch(), 256, started=how == "two parts",
+                            ends_op=how != "more sends follow")
+        signals = 1 if world > 1 and how != "more sends follow" else 0
+        assert ch.sends_done_calls == signals
         for a, b in zip(src, keep, strict=True):
             np.testing.assert_array_equal(a, b)  # inputs are only read
         return out
@@ -180,13 +189,17 @@ def test_reduce_scatter_out_of_place(world: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_all_gather_uneven(world: int) -> None:
+@pytest.mark.parametrize("started", [False, True], ids=["one call", "two parts"])
+def test_all_gather_uneven(world: int, started: bool) -> None:
     sizes = [(3 * r + 1) % 5 for r in range(world)]  # includes empty segments
 
     def body(ch):
         segs = [np.zeros(sizes[i], dtype=np.uint8) for i in range(world)]
         mine = np.full(sizes[ch.rank], ch.rank + 1, dtype=np.uint8)
-        ring.all_gather(ch, segs, mine, chunk_bytes=1)
+        if started:
+            ring.all_gather_start(ch, segs, mine, chunk_bytes=1)
+        ring.all_gather(ch, segs, mine, chunk_bytes=1, started=started)
+        assert ch.sends_done_calls == (1 if world > 1 else 0)
         return segs
 
     for segs in run_all(world, body):

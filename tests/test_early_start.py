@@ -5,7 +5,9 @@ and a dead peer still fails every survivor instead of hanging.
 
 Ops are queued behind one that waits for the last rank (it joins late), so on every other
 rank the whole queue is there when the first op reaches its last step: how many ops start
-early is then known, not left to timing.
+early is then known, not left to timing. (An all-reduce's last step comes after it has heard
+from every rank; a reduce-scatter's or all-gather's may not, so those queue behind a tiny
+all-reduce.)
 """
 
 from __future__ import annotations
@@ -57,16 +59,16 @@ def _queued(rank: int, world: int) -> dict:
     works = [dist.all_reduce(t, op=ops[op], async_op=True)
              for t, (_, _, op) in zip(tensors, OPS, strict=True)]
     # an op without a start part in the queue, then one tensor twice in a row: neither the
-    # all-gather nor the second op on that tensor may start early
-    gathered = [torch.zeros(5) for _ in range(world)]
-    works.append(dist.all_gather(gathered, torch.full((5,), float(rank)), async_op=True))
+    # broadcast nor the second op on that tensor may start early
+    cast = torch.full((5,), float(rank))
+    works.append(dist.broadcast(cast, src=0, async_op=True))
     twice = torch.full((40_000,), float(rank + 1))
     works += [dist.all_reduce(twice, async_op=True), dist.all_reduce(twice, async_op=True)]
     for w in works:
         w.wait()
     for i, (t, (n, dt, op)) in enumerate(zip(tensors, OPS, strict=True)):
         assert torch.equal(t, _want(world, i, n, dt, op)), (i, n, dt, op)
-    assert all(torch.equal(g, torch.full((5,), float(r))) for r, g in enumerate(gathered))
+    assert torch.equal(cast, torch.zeros(5))
     s = float(sum(range(1, world + 1)))
     assert torch.equal(twice, torch.full((40_000,), s * world))
     early = engine.early_starts
@@ -79,10 +81,68 @@ def test_queued_all_reduces_start_early_and_stay_exact(world: int) -> None:
     res = run_ranks(_queued, world, timeout=120)
     # a ring-sized op followed by an all-reduce of other tensors starts it early: 0->1,
     # 1->2 (op 2, doubling, has nothing to send early, but is started), 3->4, 4->5. Op 2 runs
-    # doubling (no last-step signal), op 5 is followed by the all-gather (no start part), and
+    # doubling (no last-step signal), op 5 is followed by the broadcast (no start part), and
     # the first all-reduce of `twice` (160 KB: ring) by one of the same tensor.
     for r in range(world - 1):
         assert res[r]["early"] == 4, (r, res)
+
+
+def _mixed(rank: int, world: int) -> dict:
+    """FSDP's ops queued back to back: reduce-scatters and all-gathers (flat and list forms,
+    half types, AVG) and an all-reduce; each starts the next early."""
+    import torch.distributed as dist
+
+    engine = dist.group.WORLD._engine
+    if rank == world - 1:
+        time.sleep(LATE_S)
+    m = 50_001  # elements per rank's part: 200 KB in float32, ring path
+
+    def inp(q: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return (torch.arange(n) % 89 + q).to(dtype)
+
+    rs_flat_in = inp(rank, world * m, torch.float32)
+    rs_flat_out = torch.zeros(m)
+    ag_flat_out = torch.zeros(world * m)
+    rs_list_in = [inp(rank + i, m, torch.bfloat16) for i in range(world)]
+    rs_list_out = torch.zeros(m, dtype=torch.bfloat16)
+    ag_list_out = [torch.zeros(m, dtype=torch.int64) for _ in range(world)]
+    ar = inp(rank, 300_001, torch.float32)
+    rs_half_in = inp(rank, world * m, torch.float16)
+    rs_half_out = torch.zeros(m, dtype=torch.float16)
+    avg = dist.ReduceOp.AVG
+    works = [
+        # waits for the late rank (a reduce-scatter's last step can come before any receive
+        # from it); tiny: recursive doubling, which starts nothing early
+        dist.all_reduce(torch.zeros(1), async_op=True),
+        dist.reduce_scatter_tensor(rs_flat_out, rs_flat_in, async_op=True),
+        dist.all_gather_into_tensor(ag_flat_out, inp(rank, m, torch.float32), async_op=True),
+        dist.reduce_scatter(rs_list_out, rs_list_in, op=avg, async_op=True),
+        dist.all_gather(ag_list_out, inp(rank, m, torch.int64), async_op=True),
+        dist.all_reduce(ar, async_op=True),
+        dist.reduce_scatter_tensor(rs_half_out, rs_half_in, async_op=True),
+    ]
+    for w in works:
+        w.wait()
+    part = slice(rank * m, (rank + 1) * m)
+    assert torch.equal(rs_flat_out, sum(inp(q, world * m, torch.float32)[part]
+                                        for q in range(world)))
+    assert torch.equal(ag_flat_out, torch.cat([inp(q, m, torch.float32) for q in range(world)]))
+    want = sum(inp(q + rank, m, torch.bfloat16).float() for q in range(world)) / world
+    assert torch.equal(rs_list_out, want.to(torch.bfloat16))
+    assert all(torch.equal(g, inp(q, m, torch.int64)) for q, g in enumerate(ag_list_out))
+    assert torch.equal(ar, sum(inp(q, 300_001, torch.float32) for q in range(world)))
+    want = sum(inp(q, world * m, torch.float16)[part].float() for q in range(world))
+    assert torch.equal(rs_half_out, want.to(torch.float16))
+    early = engine.early_starts
+    dist.barrier()
+    return {"early": early}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_queued_reduce_scatters_and_all_gathers_start_early(world: int) -> None:
+    res = run_ranks(_mixed, world, timeout=120)
+    for r in range(world - 1):  # every one of the six starts the next
+        assert res[r]["early"] == 5, (r, res)
 
 
 def _staged(rank: int, world: int) -> dict:

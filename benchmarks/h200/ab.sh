@@ -2,7 +2,8 @@
 # Design A/B on the 10 Gbit emulated cluster: the same all-reduce bench once per variant of
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
-# (OPS, SIZES, WORLDS, DEVICE pick the bench; TL_RUNS, TL_VARIANTS the timelines):
+# (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
+# "--queue 4"; TL_RUNS, TL_VARIANTS the timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -32,7 +33,7 @@ bench() {  # NAME WORLD BACKEND AB
         timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
         --world-sizes "$n" --rate 10gbit --backends "$backend" --ops "$OPS" \
         --device "$DEVICE" --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
-        --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
+        ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
     grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
 }
 for n in $WORLDS; do

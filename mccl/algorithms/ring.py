@@ -201,12 +201,29 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     ch.flush()
 
 
+def reduce_scatter_start(ch: Channel, src: list[np.ndarray],
+                         chunk_bytes: int | None = None) -> None:
+    """The first sends of ``reduce_scatter``: input segment r - 1, read as it is (see
+    ``all_reduce_start``)."""
+    w, r = ch.size, ch.rank
+    if w == 1:
+        return
+    k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
+    for c in chunks(src[(r - 1) % w], k):
+        if c.size:
+            ch.send((r + 1) % w, c)
+
+
 def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: Reducer,
-                   finish: Finisher, scratch: Scratch, chunk_bytes: int | None = None) -> None:
+                   finish: Finisher, scratch: Scratch, chunk_bytes: int | None = None,
+                   started: bool = False, ends_op: bool = True) -> None:
     """Out of place: ``out`` = reduction over ranks of their ``src[rank]``; ``src`` unchanged.
 
     Partial sums travel through two segment-sized buffers used alternately; before a buffer
-    is overwritten, the sends that read it two steps earlier are waited for.
+    is overwritten, the sends that read it two steps earlier are waited for. ``started``:
+    ``reduce_scatter_start`` already sent the first segment. ``ends_op``: nothing is sent
+    after this call in the op, so it tells the channel before its last step (which only
+    receives) that its sends are done.
     """
     w, r = ch.size, ch.rank
     if w == 1:
@@ -218,13 +235,14 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
     k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
     longest = max(s.shape[0] for s in src)
     spare = [scratch.take(longest * out.itemsize, out.dtype, slot) for slot in (1, 2)]
-    for c in chunks(src[(r - 1) % w], k):
-        if c.size:
-            ch.send(nxt, c)
+    if not started:
+        reduce_scatter_start(ch, src, chunk_bytes)
     marks: list[object] = []
     for s in range(w - 1):
         x = (r - s - 2) % w
         last = s == w - 2
+        if last and ends_op:
+            ch.sends_done()
         if s >= 2:
             ch.wait(marks[s - 2])
         dest = out if last else spare[s % 2][:src[x].shape[0]]
@@ -242,29 +260,43 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
     ch.flush()
 
 
+def all_gather_start(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
+                     chunk_bytes: int | None = None) -> None:
+    """The first sends of ``all_gather``: this rank's own segment (see ``all_reduce_start``)."""
+    w, r = ch.size, ch.rank
+    if w == 1:
+        return
+    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    for c in chunks(mine if mine is not None else segs[r], k):
+        if c.size:
+            ch.send((r + 1) % w, c)
+
+
 def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
-               chunk_bytes: int | None = None) -> None:
+               chunk_bytes: int | None = None, started: bool = False) -> None:
     """Afterwards every segs[i] holds rank i's segment. The own segment is sent straight from
     ``mine`` (if given); its local copy into segs[rank] is done a chunk at a time between
-    receives, so it never holds up the upstream rank."""
+    receives, so it never holds up the upstream rank. ``started``: ``all_gather_start``
+    already sent it. Before the last step, which only receives, it tells the channel that
+    its sends are done."""
     w, r = ch.size, ch.rank
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
-    nxt, prv = (r + 1) % w, (r - 1) % w
-    if w > 1:
-        for c in chunks(mine if mine is not None else segs[r], k):
-            if c.size:
-                ch.send(nxt, c)
+    prv = (r - 1) % w
+    if not started:
+        all_gather_start(ch, segs, mine, chunk_bytes)
     # after the first sends (off their path): is the local copy needed at all?
     copies: list[tuple[np.ndarray, np.ndarray]] = []
     if mine is not None and segs[r].ctypes.data != mine.ctypes.data:
         copies = list(zip(chunks(segs[r], k), chunks(mine, k), strict=True))
     for s in range(w - 1):
         forward = s < w - 2
+        if not forward:
+            ch.sends_done()
         for c in chunks(segs[(r - s - 1) % w], k):
             if c.size:
                 ch.recv(prv, c)
                 if forward:
-                    ch.send(nxt, c)
+                    ch.send((r + 1) % w, c)
             if copies:
                 dst, part = copies.pop()
                 dst[...] = part
