@@ -1,0 +1,2 @@
+.venv/bin/python -m mccl.bench --cluster --hosts 4 --world-sizes 4 --rate 1gbit --ops all_reduce,all_gather,reduce_scatter --sizes 4M,16M --queue 4 --iters 6 --warmup 1 --json benchmarks/results/1gbit/queue4_n4_s8.json --png benchmarks/results/1gbit/queue4_n4_s8.png
+MCCL_AB=early=0 PYTHONPATH=benchmarks/h200/ab .venv/bin/python -m mccl.bench --cluster --hosts 4 --world-sizes 4 --rate 1gbit --ops all_reduce,all_gather,reduce_scatter --sizes 4M,16M --queue 4 --iters 6 --warmup 1 --backends mccl --json benchmarks/results/1gbit/queue4_n4_s8_early0.json
