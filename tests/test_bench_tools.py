@@ -107,16 +107,20 @@ def test_bench_cli_writes_wellformed_json(tmp_path: Path) -> None:
     assert doc["config"]["min_sample_s"] == 0.05
 
 
-def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
-    """--min-sample reaches the ranks: 0 times every op alone (after its barrier)."""
-    out = tmp_path / "r.json"
-    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl", "--world-sizes", "2",
-            "--sizes", "8", "--ops", "all_reduce", "--iters", "3", "--warmup", "1",
-            "--ceiling-seconds", "0.5", "--min-sample", "0", "-q", "--json", str(out)]
+def _small_bench(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m mccl.bench`` on 2 local ranks, 3 short iterations; (process, JSON)."""
+    argv = [sys.executable, "-m", "mccl.bench", "--world-sizes", "2", "--iters", "3",
+            "--warmup", "1", "--ceiling-seconds", "0.5", *args, "--json", str(out)]
     res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
                          timeout=BENCH_TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return res, json.loads(out.read_text())
+
+
+def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
+    """--min-sample reaches the ranks: 0 times every op alone (after its barrier)."""
+    _, doc = _small_bench(tmp_path / "r.json", "--backends", "mccl", "--sizes", "8", "--ops",
+                          "all_reduce", "--min-sample", "0", "-q")
     assert doc["config"]["min_sample_s"] == 0
     assert [r["reps"] for r in doc["rows"]] == [1]
 
@@ -124,20 +128,14 @@ def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
 def test_bench_queue_issues_async_ops_and_reports_per_op(tmp_path: Path) -> None:
     """--queue N: N async ops per timed call on N buffer sets, results still checked, times
     per op; the table says so; 0 is refused in one line."""
-    out = tmp_path / "q.json"
-    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl,gloo", "--world-sizes", "2",
-            "--sizes", "64K", "--ops", "all_reduce,sendrecv", "--iters", "3", "--warmup", "1",
-            "--ceiling-seconds", "0.5", "--queue", "3", "--check", "--json", str(out)]
-    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
-                         timeout=BENCH_TIMEOUT_S)
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    res, doc = _small_bench(tmp_path / "q.json", "--backends", "mccl,gloo", "--sizes", "64K",
+                            "--ops", "all_reduce,sendrecv", "--queue", "3", "--check")
     assert doc["config"]["queue"] == 3
     assert len(doc["rows"]) == 4 and all(r["queue"] == 3 for r in doc["rows"])
     assert all(r["check"] is True for r in doc["rows"])
     assert "queue=3 (times per op)" in res.stdout
-    bad = subprocess.run(argv[:-2] + ["--queue", "0"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "mccl.bench", "--queue", "0"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--queue must be at least 1" in bad.stderr
 
 

@@ -26,6 +26,15 @@ from tests.device_fakes import FakeAsyncOps, install_fake_staging, slow_fill
 LATE_S = 0.5  # the last rank joins this much later, so the others' queues are full
 
 
+def _early_starts(engine) -> dict:
+    """This rank's count of early starts, once every rank is done (before the group ends)."""
+    import torch.distributed as dist
+
+    early = engine.early_starts
+    dist.barrier()
+    return {"early": early}
+
+
 def _values(rank: int, i: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     return (torch.arange(n) % 97 * (rank + 1) + i).to(dtype)
 
@@ -71,9 +80,7 @@ def _queued(rank: int, world: int) -> dict:
     assert torch.equal(cast, torch.zeros(5))
     s = float(sum(range(1, world + 1)))
     assert torch.equal(twice, torch.full((40_000,), s * world))
-    early = engine.early_starts
-    dist.barrier()
-    return {"early": early}
+    return _early_starts(engine)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -133,9 +140,7 @@ def _mixed(rank: int, world: int) -> dict:
     assert torch.equal(ar, sum(inp(q, 300_001, torch.float32) for q in range(world)))
     want = sum(inp(q, world * m, torch.float16)[part].float() for q in range(world))
     assert torch.equal(rs_half_out, want.to(torch.float16))
-    early = engine.early_starts
-    dist.barrier()
-    return {"early": early}
+    return _early_starts(engine)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -176,9 +181,7 @@ def _staged(rank: int, world: int) -> dict:
     for i in (0, 1, 3):
         assert torch.equal(bufs[i], _want(world, i, n, torch.float32, "sum")), i
     assert torch.equal(bufs[2], torch.full((n,), float(sum(range(world)))))
-    early = engine.early_starts
-    dist.barrier()
-    return {"early": early}
+    return _early_starts(engine)
 
 
 @pytest.mark.parametrize("world", [2, 3])
