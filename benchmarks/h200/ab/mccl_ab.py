@@ -17,6 +17,8 @@ kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US m
 size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
 segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once);
 ``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``);
+``pipeline_min=N``: staged all-reduces of at least N bytes copy piece by piece, smaller ones
+whole (``staging.PIPELINE_MIN_BYTES``);
 ``recv_piece=N`` reads every frame in receives of at most N bytes (the kernel holds the
 socket's lock while one receive copies what is queued, and handles newly arrived packets, and
 so their ACKs, only after it).
@@ -39,6 +41,7 @@ _CONSTANTS = {
     "first_ranges": ("mccl.device.staging", "COPY_FIRST_RANGES"),
     "step_ranges": ("mccl.device.staging", "COPY_STEP_RANGES"),
     "early": ("mccl.engine", "EARLY_START"),
+    "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
 }
 
 
