@@ -163,6 +163,15 @@ def staging_plan(t: torch.Tensor, w: int, r: int) -> ring.CopyPlan:
     return ring.copy_plan(t.numel(), w, r, (UPCAST.get(t.dtype) or t.dtype).itemsize)
 
 
+def staging_ranges(t: torch.Tensor, w: int, r: int) -> tuple[tuple[int, int], ...] | None:
+    """``staging_plan``'s ranges, or None (copy ``t`` whole) where no segment is cut into more
+    than one piece: the pieces would be just the ring's segments, each costing a fence and
+    waits on the comm thread between the ring's chunks, for little hidden (8 hosts, 4 MB,
+    CUDA tensors at 10 Gbit: 81 % of the link in pieces, 95 % whole; 4 hosts level)."""
+    ranges = staging_plan(t, w, r).ranges
+    return ranges if len(ranges) > w else None
+
+
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:
     """Coalesced all-reduce: one flat buffer, one op, results copied back."""
     if not ts:

@@ -255,7 +255,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
-                lambda: coll.staging_plan(tensors[0], self.size(), self.rank()).ranges):
+                lambda: coll.staging_ranges(tensors[0], self.size(), self.rank())):
             segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)

@@ -263,6 +263,23 @@ def test_copy_plan_tiles_the_buffer_in_the_rings_order(n: int, w: int, chunk,
                 assert starts[-1] == k - 1  # the last copy back is one chunk
 
 
+def test_tensors_whose_segments_are_not_cut_are_copied_whole() -> None:
+    """staging_ranges: ranges only where some segment is cut into more than one piece
+    (shipped piece sizes); otherwise None, and the hand-off copies the tensor whole."""
+    from mccl.collectives import staging_ranges
+
+    for w in (2, 3, 4, 8):
+        for r in range(w):
+            assert staging_ranges(torch.empty(w << 18), w, r) is None  # 1 MiB segments
+            cut = staging_ranges(torch.empty(w << 20), w, r)  # 4 MiB segments
+            assert cut is not None and len(cut) > w
+            half = staging_ranges(torch.empty(w << 19, dtype=torch.bfloat16), w, r)
+            assert half is not None  # rings in float32: 4 MiB segments again
+    adapter, _ = _adapter()
+    h = adapter.prepare([torch.ones(1 << 20)], [True], [True])
+    assert not h.pipeline(lambda: None)  # the hand-off then stays whole
+
+
 def test_copy_plan_edge_pieces_are_not_smaller_than_the_least_piece() -> None:
     """Each piece costs a copy call and a fence: edge pieces start at PIECE_MIN_BYTES (1 MiB
     of float32 here), and segments too small to split stay whole."""
@@ -540,12 +557,15 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
 
     from mccl import collectives
 
-    # test hook in the rank process: stage range by range from just above the doubling switch
+    # test hooks in the rank process: stage range by range from just above the doubling
+    # switch, in pieces small enough that these segments are cut (else they are copied whole)
     staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
+    ring.PIECE_MIN_BYTES = 16 << 10
     adapter = install_fake_staging(False)
     ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
 
-    def check(n: int, dtype: torch.dtype, op, vals) -> None:
+    def check(n: int, dtype: torch.dtype, op, vals) -> bool:
+        """One staged all-reduce, checked; True if it was copied range by range."""
         t = torch.zeros(n, dtype=dtype)
         _produce(ops, t, vals(rank).to(dtype), delay=0.02)
         outs = [d for d, _ in ops.copies].count("out")
@@ -560,19 +580,22 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
         else:
             want = sum(vals(r).to(dtype) for r in range(world))
         assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
-        ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES
+        ranges = collectives.staging_ranges(t, world, rank)
+        ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES and ranges is not None
         copies = [d for d, _ in ops.copies].count("out") - outs
-        pieces = len(collectives.staging_plan(t, world, rank).ranges)
-        assert copies == (pieces if ranged else 1), (n, dtype, copies)
+        assert copies == (len(ranges) if ranged else 1), (n, dtype, copies)
+        return ranged
 
     SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG  # noqa: N806
     ints = lambda r: torch.arange(70_001) % 1000 * (r + 1) + r  # noqa: E731
-    check(5_000, torch.float32, SUM, lambda r: torch.arange(5_000) * (r + 1))  # whole copies
-    check(70_001, torch.float32, SUM, ints)  # 280 KB: ranges
-    check(70_001, torch.float32, AVG, ints)
-    check(90_001, torch.float16, SUM, lambda r: torch.arange(90_001) % 7 * 0.5 * (r + 1))
-    check(90_001, torch.bfloat16, AVG, lambda r: torch.arange(90_001) % 5 * (r + 1.0))
-    check(40_003, torch.int64, SUM, lambda r: torch.arange(40_003) * (r + 1))
+    assert not check(5_000, torch.float32, SUM, lambda r: torch.arange(5_000) * (r + 1))
+    assert check(70_001, torch.float32, SUM, ints)  # 280 KB: ranges
+    assert check(70_001, torch.float32, AVG, ints)
+    assert check(90_001, torch.float16, SUM, lambda r: torch.arange(90_001) % 7 * 0.5 * (r + 1))
+    assert check(90_001, torch.bfloat16, AVG, lambda r: torch.arange(90_001) % 5 * (r + 1.0))
+    assert check(40_003, torch.int64, SUM, lambda r: torch.arange(40_003) * (r + 1))
+    ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: the tensor is copied whole
+    assert not check(70_001, torch.float32, SUM, ints)
     staging.COPY_AHEAD_BYTES = 256 << 10  # test hooks: copies out a few pieces ahead only,
     ring.PIECE_MIN_BYTES = 1  # edge pieces of one chunk
     check(600_001, torch.float32, SUM, lambda r: torch.arange(600_001) % 999 * (r + 1.0))
@@ -598,6 +621,7 @@ def _staged_peer_killed(rank: int, world: int) -> dict:
     from mccl.collectives import staging_plan as collectives_plan
     from tests.test_faults import _storm
 
+    ring.PIECE_MIN_BYTES = 256 << 10  # test hook: 4 MB at 3 ranks cut finer than a segment
     adapter = install_fake_staging(False)
     ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
     group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))

@@ -157,9 +157,11 @@ def _staged(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from mccl import collectives
+    from mccl.algorithms import ring
     from mccl.device import staging
 
-    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)  # ranges from 144 KiB
+    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)  # ranges from 144 KiB,
+    ring.PIECE_MIN_BYTES = 16 << 10  # in pieces finer than these segments (test hooks)
     adapter = install_fake_staging(False)
     ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
     engine = dist.group.WORLD._engine

@@ -55,7 +55,9 @@ POOL_MAX_BYTES = 2 << 30
 #: Buffers of one size a pool keeps (an op holds its buffers only while it runs).
 POOL_PER_SIZE = 4
 #: Staged all-reduces of at least this many bytes copy range by range (see the module
-#: docstring): each range costs a fence and its waits (tens of microseconds of Python), while
+#: docstring; and only where the ring's plan cuts a segment into more than one piece,
+#: ``collectives.staging_ranges``): each range costs a fence and its waits (tens of
+#: microseconds of Python), while
 #: the whole copies it hides take ~0.2 ms per 4 MB each way on an H200 (not tuned further).
 PIPELINE_MIN_BYTES = 4 << 20
 #: Copies out a ranged hand-off keeps enqueued beyond the range the body waits for: enough
@@ -232,12 +234,13 @@ class StagingHandoff:
             self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
 
-    def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]]]) -> bool:
+    def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]] | None]) -> bool:
         """Caller's thread, before submission: stage the one read-and-written tensor range by
         range if it is large enough and the comm thread does the copies. ``ranges()`` gives
-        element ranges of its flat view that tile it, in the order the body first needs them;
-        it is called only then (most ops are not staged by range, and building the ranges is
-        O(ranks) on the caller's thread). True:
+        element ranges of its flat view that tile it, in the order the body first needs them,
+        or None where the collective gains nothing from ranges; it is called only then (most
+        ops are not staged by range, and building the ranges is O(ranks) on the caller's
+        thread). True:
         the body must call :meth:`wait_range` before it touches a range (``acquire`` no longer
         waits for the data) and may call :meth:`copy_back` once a range is final."""
         if (self.ops.copy_out_on_caller or self.hosts is not None or len(self.tensors) != 1
@@ -246,7 +249,10 @@ class StagingHandoff:
         t = self.tensors[0]
         if t.numel() * t.element_size() < PIPELINE_MIN_BYTES:
             return False
-        self._ranges = list(ranges())
+        got = ranges()
+        if got is None:
+            return False
+        self._ranges = list(got)
         self._backed = [False] * len(self._ranges)
         offsets = [0]
         for a, b in self._ranges:
