@@ -158,8 +158,8 @@ def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
 
 def staging_plan(t: torch.Tensor, w: int, r: int) -> ring.CopyPlan:
     """The pieces a staged ``AllReduce`` copies ``t`` in, on rank ``r`` of ``w``: the caller's
-    thread hands their ranges to ``StagingHandoff.pipeline``; the comm thread derives the same
-    plan (chunked in the dtype the ring runs in)."""
+    thread hands their ranges to ``StagingHandoff.pipeline`` (``staging_ranges``); the comm
+    thread derives the same plan (chunked in the dtype the ring runs in)."""
     return ring.copy_plan(t.numel(), w, r, (UPCAST.get(t.dtype) or t.dtype).itemsize)
 
 

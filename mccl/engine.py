@@ -5,8 +5,9 @@ identifies an op across ranks. The first failure breaks the group: the reason go
 peer in an error frame (forwarded unchanged, blaming the rank at fault), and every pending or
 later op fails with it instead of hanging. Shutting down or aborting fails whatever is queued.
 
-Early start: once an all-reduce has queued its last send (its last step only receives), the
-comm thread may issue the first sends of the op queued behind it, so the link goes from one
+Early start: once a ring all-reduce, reduce-scatter or all-gather has queued its last send
+(its last step only receives), the comm thread may issue the first sends of the op queued
+behind it (``Job.start``), so the link goes from one
 op's bytes to the next op's without waiting for the first op's tail and the second's start
 (gloo gets the same from running two ops at once on two threads). Sends of one connection
 stay in issue order, so every peer still reads the ops one after the other.
@@ -270,8 +271,12 @@ class Engine:
         except queue.Empty:
             return
         self._next = job
-        if (job is None or job.start is None or not job.collective
-                or not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors)):
+        if job is None or job.start is None or not job.collective:
+            return
+        try:
+            if not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors):
+                return
+        except Exception:  # noqa: BLE001 - not started early; its own turn reports any error
             return
         try:
             hosts = job.handoff.acquire()
