@@ -223,3 +223,51 @@ def test_dead_peer_during_early_starts_fails_every_survivor() -> None:
     for r in (0, 1):
         assert res[r]["peer"] == 2, res
         assert res[r]["early"] > 0, res  # the early path was in use when the peer died
+
+
+def _drain_and_mismatch(rank: int, world: int) -> dict:
+    """Queued ops (early starts among them) drain at destroy_process_group; ranks that queue
+    different ops behind an all-reduce get errors naming both ops, not a hang or a result."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    g = dist.new_group(list(range(world)))
+    bufs = [torch.full((300_000,), float(rank + i)) for i in range(6)]
+    works = [dist.all_reduce(b, group=g, async_op=True) for b in bufs]
+    dist.destroy_process_group(g)  # drains what is queued first
+    for w in works:
+        w.wait()
+    drained = all(torch.equal(b, torch.full((300_000,), float(sum(r + i for r in range(world)))))
+                  for i, b in enumerate(bufs))
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
+    if rank == world - 1:
+        time.sleep(LATE_S)  # so rank 0's second op is queued when its first reaches its end
+    works = [dist.all_reduce(torch.ones(300_000), group=g, async_op=True)]
+    if rank == 0:  # started early behind the first all-reduce, unlike the others' op
+        works.append(dist.all_reduce(torch.ones(400_000), group=g, async_op=True))
+    else:
+        out = torch.zeros(world * 100_000)
+        works.append(dist.all_gather_into_tensor(out, torch.ones(100_000), group=g,
+                                                 async_op=True))
+    outcome = []
+    for w in works:
+        try:
+            w.wait()
+            outcome.append("ok")
+        except CollectiveError as e:
+            outcome.append(str(e))
+    return {"drained": drained, "outcome": outcome, "early": g._engine.early_starts}
+
+
+def test_queued_ops_drain_at_shutdown_and_mismatches_fail_clearly() -> None:
+    res = run_ranks(_drain_and_mismatch, 3, timeout=90)
+    for r in res:
+        assert r["drained"], res
+        assert r["outcome"][0] == "ok", res  # the op both sides issued
+        assert "mismatch" in r["outcome"][1] or "reported by rank" in r["outcome"][1], res
+    assert res[0]["early"] == 1  # rank 0's second op did start early
+    both = res[0]["outcome"][1] + res[1]["outcome"][1]
+    assert "all_reduce" in both and "all_gather" in both  # the two ops are named
