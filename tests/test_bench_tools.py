@@ -367,7 +367,7 @@ def test_ab_settings_apply_and_restore() -> None:
     assert (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES) == before
     # socket-level switches wrap functions; undo puts the originals back
     fns = (tcp.tune_socket, tcp.Peer.recv_exact)
-    undo = mccl_ab.apply("quickack=1,notsent=262144,cc=2")
+    undo = mccl_ab.apply("quickack=1,notsent=262144,cc=2,clamp=1048576")
     assert (tcp.tune_socket, tcp.Peer.recv_exact) != fns
     undo()
     assert (tcp.tune_socket, tcp.Peer.recv_exact) == fns
