@@ -243,8 +243,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
-        ``segmented(io)``: called when a staged hand-off copies the one tensor range by range
-        in the ring's segment order (all-reduce only), before the op is queued."""
+        ``segmented(io)``: called when a staged hand-off copies the one tensor piece by piece
+        in the ring's order (all-reduce only), before the op is queued."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)

@@ -86,11 +86,12 @@ def make_case(op: str, count: int, dtype: object, rank: int, world: int,
                 w.wait()
 
         check = cases[0][1]
-    elem = _element_size(dtype)
-    return Case(run=run, check=check, count=count, nbytes=count * elem, queue=queue)
+    return Case(run=run, check=check, count=count, nbytes=count * element_size(dtype),
+                queue=queue)
 
 
-def _element_size(dtype: object) -> int:
+def element_size(dtype: object) -> int:
+    """Bytes per element of a torch dtype."""
     import torch
 
     return torch.empty((), dtype=dtype).element_size()  # type: ignore[arg-type]
@@ -103,7 +104,7 @@ def _one_case(op: str, count: int, dtype: object, rank: int, world: int, device:
     import torch.distributed as dist
 
     dt: torch.dtype = dtype  # type: ignore[assignment]
-    elem = torch.empty((), dtype=dt).element_size()
+    elem = element_size(dt)
     n = world
     chunk = count // n if op in CHUNKED else count
 

@@ -57,10 +57,10 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
     import torch
     import torch.distributed as dist
 
-    from mccl.bench.ops import bus_factor, element_count, make_case
+    from mccl.bench.ops import bus_factor, element_count, element_size, make_case
 
     dtype = getattr(torch, cfg["dtype"])
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = element_size(dtype)
     device = cfg.get("device", "cpu")
     case = make_case(op, element_count(op, size, world, elem), dtype, rank, world, device,
                      queue=int(cfg.get("queue", 1)))
