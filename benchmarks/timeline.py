@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import os
 import resource
 import socket
 import statistics
 import struct
 import sys
 import termios
+import threading
 import time
 from pathlib import Path
 
@@ -40,17 +42,63 @@ PG_TIMEOUT_S = 120.0  # torch.distributed timeout inside the ranks
 #: sndbuf parts of it: limited by the receiver's window, by our send buffer). Older kernels
 #: return a shorter struct: the missing fields read 0.
 TCP_INFO_FMT = "=8B24I4Q2I4IQ3Q2I2Q2I2I"
-TCP_INFO_FIELDS = {"rtt_us": 8 + 15, "snd_cwnd": 8 + 18, "snd_mss": 8 + 2, "rcv_space": 8 + 22,
-                   "total_retrans": 8 + 23, "notsent_bytes": 38, "min_rtt_us": 39,
+TCP_INFO_FIELDS = {"ca_state": 1, "rtt_us": 8 + 15, "snd_cwnd": 8 + 18, "snd_mss": 8 + 2,
+                   "unacked": 8 + 4, "sacked": 8 + 5, "lost": 8 + 6, "retrans": 8 + 7,
+                   "snd_ssthresh": 8 + 17, "reordering": 8 + 20, "rcv_space": 8 + 22,
+                   "total_retrans": 8 + 23, "pacing_rate": 32, "bytes_received": 35,
+                   "notsent_bytes": 38, "min_rtt_us": 39, "delivery_rate": 42,
                    "busy_us": 43, "rwnd_limited_us": 44, "sndbuf_limited_us": 45,
-                   "bytes_sent": 48, "snd_wnd": 53}
+                   "bytes_sent": 48, "bytes_retrans": 49, "reord_seen": 51, "snd_wnd": 53}
+#: Sampled every SAMPLE_S from the send socket during the trace (both backends).
+SAMPLE_FIELDS = ("ca_state", "rtt_us", "snd_cwnd", "unacked", "notsent_bytes", "pacing_rate",
+                 "delivery_rate", "app_limited")
+SAMPLE_S = 0.005
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:
     size = struct.calcsize(TCP_INFO_FMT)
     raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, size)
     vals = struct.unpack(TCP_INFO_FMT, raw.ljust(size, b"\0"))
-    return {k: vals[i] for k, i in TCP_INFO_FIELDS.items()}
+    info = {k: vals[i] for k, i in TCP_INFO_FIELDS.items()}
+    info["app_limited"] = vals[7] & 1  # tcpi_delivery_rate_app_limited
+    return info
+
+
+def peer_sockets(addrs: list[str]) -> dict[int, socket.socket]:
+    """This process's busiest TCP connection to each other rank's host (``addrs[rank]``):
+    gloo keeps its sockets out of Python's reach, so they are found by their file
+    descriptors (Linux /proc)."""
+    best: dict[int, tuple[int, socket.socket]] = {}
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            if not os.readlink(fd).startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd.name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if s.family != socket.AF_INET or s.type != socket.SOCK_STREAM:
+                raise OSError
+            peer = addrs.index(s.getpeername()[0])
+            info = tcp_info(s)
+            moved = info["bytes_sent"] + info["bytes_received"]
+        except (OSError, ValueError):
+            s.close()
+            continue
+        if peer not in best or moved > best[peer][0]:
+            if peer in best:
+                best[peer][1].close()
+            best[peer] = (moved, s)
+        else:
+            s.close()
+    return {peer: s for peer, (_, s) in best.items()}
+
+
+def _sampler(sock: socket.socket, samples: list, stop: threading.Event) -> None:
+    """Samples of the send socket's state (bounded by the trace: ``stop`` ends it)."""
+    while not stop.wait(SAMPLE_S):
+        info = tcp_info(sock)
+        samples.append([time.monotonic()] + [info[k] for k in SAMPLE_FIELDS])
 
 
 def _ioctl_int(sock: socket.socket, request: int) -> int:
@@ -110,11 +158,12 @@ def netstat() -> dict[str, int]:
 
 
 def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
-              backend: str = "mccl") -> None:
+              backend: str = "mccl", addrs: list[str] | None = None) -> None:
     """One rank (run by run_ranks, group already up): warm up, then trace ``reps`` back-to-back
     ops of ``size`` bytes (all_gather: the gathered output, reduce_scatter: the full input, as
-    the bench counts them) and write the trace to ``out``. With gloo only the op times and
-    the namespace's TCP counters are recorded (its sockets and chunks are not reachable)."""
+    the bench counts them) and write the trace to ``out``. With gloo the op times, the
+    namespace's TCP counters and its sockets' TCP_INFO are recorded (found through ``addrs``,
+    the hosts' addresses; its chunks are not reachable)."""
     import torch
     import torch.distributed as dist
 
@@ -127,16 +176,34 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
     for _ in range(3):
         run()
-    socks = _instrument(events, rank, world) if backend == "mccl" else {}
-    infos = []
+    if backend == "mccl":
+        socks, send_peer = _instrument(events, rank, world), (rank + 1) % world
+    else:
+        socks = peer_sockets(addrs) if addrs else {}
+        socks = {r: socks[r] for r in {(rank + 1) % world, (rank - 1) % world} & set(socks)}
+        # gloo's all-reduce ring sends to rank - 1, its all-gather ring to rank + 1
+        send_peer = (rank + (1 if op == "all_gather" else -1)) % world
+    infos: list[dict] = []
+    samples: list[list] = []
+    stop = threading.Event()
+    sampler = None
+    if send_peer in socks:
+        sampler = threading.Thread(target=_sampler, args=(socks[send_peer], samples, stop),
+                                   daemon=True)
     dist.barrier()
     events.clear()
     tcp0, use0, t0 = netstat(), resource.getrusage(resource.RUSAGE_SELF), now()
+    infos.append({str(r): tcp_info(s) for r, s in socks.items()})
+    if sampler is not None:
+        sampler.start()
     for i in range(reps):
         events.append((now(), "start", i, 0))
         run()
         events.append((now(), "end", i, 0))
         infos.append({str(r): tcp_info(s) for r, s in socks.items()})
+    stop.set()
+    if sampler is not None:
+        sampler.join(1.0)
     tcp1, use1, t1 = netstat(), resource.getrusage(resource.RUSAGE_SELF), now()
     cpu = {"wall_s": t1 - t0, "user_s": use1.ru_utime - use0.ru_utime,
            "sys_s": use1.ru_stime - use0.ru_stime,
@@ -144,6 +211,7 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
            "involuntary_switches": use1.ru_nivcsw - use0.ru_nivcsw}
     (Path(out) / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "events": events, "tcp": infos, "cpu": cpu,
+        "send_peer": send_peer, "samples": samples, "sample_fields": SAMPLE_FIELDS,
         "netstat": {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in NETSTAT_KEYS if k in tcp1}}))
 
 
@@ -240,6 +308,7 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
     # The op's period: from one op's earliest start to the next's (back to back).
     starts = [min(r["t0"] for r in by_op[i]) for i in ops]
     periods = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    skew = _skew(ranks, world)
 
     def med(key: str) -> float:
         return statistics.median(r[key] or 0.0 for r in rows)
@@ -269,6 +338,7 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
         "tcp_ext_all_ranks_during_trace": tcp_ext,
         "cpu_per_rank_during_trace": cpu,
         "period_ms_median": 1e3 * statistics.median(periods) if periods else None,
+        **skew,
         "ideal_ms": 1e3 * statistics.median(r["ideal"] for r in rows),
         "op_ms_median": 1e3 * med("time"),
         "before_first_send_us_median": 1e6 * med("first_send"),
@@ -284,16 +354,53 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
     }
 
 
+def _skew(ranks: list[dict], world: int) -> dict:
+    """How far apart the ranks start and end each op (both backends), and for mccl how long
+    each ring link sat idle between ops: from its last delivery of op i (the receiver's last
+    chunk) to its sender's first send of op i + 1. A rank that ends op i late starts op i + 1
+    late, so its outgoing link waits that long."""
+    bounds: dict[int, dict[int, list]] = {}
+    for d in ranks:
+        cur: list = []
+        for t, kind, a, _ in d["events"]:
+            if kind == "start":
+                cur = [t, None, None, None]  # start, first send, last got, end
+            elif kind == "send" and cur and cur[1] is None:
+                cur[1] = t
+            elif kind == "got" and cur:
+                cur[2] = t
+            elif kind == "end" and cur:
+                cur[3] = t
+                bounds.setdefault(a, {})[d["rank"]] = cur
+    full = [b for _, b in sorted(bounds.items()) if len(b) == world]
+    if not full:
+        return {}
+    out = {"start_skew_ms_median": 1e3 * statistics.median(
+               max(b[0] for b in op.values()) - min(b[0] for b in op.values()) for op in full),
+           "end_skew_ms_median": 1e3 * statistics.median(
+               max(b[3] for b in op.values()) - min(b[3] for b in op.values()) for op in full)}
+    gaps: dict[str, list[float]] = {}
+    for op, nxt in zip(full, full[1:], strict=False):
+        for u in range(world):
+            v = (u + 1) % world
+            if op[v][2] is not None and nxt[u][1] is not None:
+                gaps.setdefault(f"{u}->{v}", []).append(1e3 * max(0.0, nxt[u][1] - op[v][2]))
+    if gaps:
+        out["link_idle_between_ops_ms_mean"] = {k: round(statistics.mean(v), 2)
+                                                 for k, v in gaps.items()}
+    return out
+
+
 def _send_limits(d: dict, world: int) -> dict:
     """What held the rank's ring send socket back between the first and the last traced op
     (kernel chrono stats, jiffy resolution: meaningful summed over many ops), as % of that
     time, with the median RTT, congestion window and the receiver's window at op ends."""
-    nxt = str((d["rank"] + 1) % world)
+    nxt = str(d.get("send_peer", (d["rank"] + 1) % world))
     infos = [i[nxt] for i in d["tcp"] if nxt in i]
-    starts = [t for t, kind, *_ in d["events"] if kind == "end"]
-    if len(infos) < 2 or len(starts) < 2:
+    ends = [t for t, kind, *_ in d["events"] if kind in ("start", "end")]
+    if len(infos) < 2 or len(ends) < 2:
         return {}
-    span_us = 1e6 * (starts[-1] - starts[0])
+    span_us = 1e6 * (ends[-1] - ends[0])
     first, last = infos[0], infos[-1]
 
     def pct(key: str) -> float:
@@ -302,11 +409,44 @@ def _send_limits(d: dict, world: int) -> dict:
     def med(key: str) -> float:
         return statistics.median(i.get(key, 0) for i in infos)
 
-    return {"busy_pct": pct("busy_us"), "rwnd_limited_pct": pct("rwnd_limited_us"),
-            "sndbuf_limited_pct": pct("sndbuf_limited_us"), "rtt_us_median": med("rtt_us"),
-            "min_rtt_us": last.get("min_rtt_us", 0),
-            "cwnd_bytes_median": med("snd_cwnd") * last.get("snd_mss", 0),
-            "peer_window_bytes_median": med("snd_wnd")}
+    out = {"send_peer": int(nxt), "busy_pct": pct("busy_us"),
+           "rwnd_limited_pct": pct("rwnd_limited_us"),
+           "sndbuf_limited_pct": pct("sndbuf_limited_us"), "rtt_us_median": med("rtt_us"),
+           "min_rtt_us": last.get("min_rtt_us", 0),
+           "cwnd_bytes_median": med("snd_cwnd") * last.get("snd_mss", 0),
+           "peer_window_bytes_median": med("snd_wnd"),
+           "retransmitted_bytes": last.get("bytes_retrans", 0) - first.get("bytes_retrans", 0),
+           "reorder_events": last.get("reord_seen", 0) - first.get("reord_seen", 0),
+           "reordering_last": last.get("reordering", 0)}
+    out.update(_sample_stats(d, last.get("snd_mss", 0)))
+    return out
+
+
+def _sample_stats(d: dict, mss: int) -> dict:
+    """The send socket every SAMPLE_S during the trace: medians, and the share of samples in
+    loss recovery (TCP_CA_Recovery or Loss), with nothing unsent, or app-limited."""
+    fields = d.get("sample_fields") or []
+    rows = [dict(zip(["t", *fields], row, strict=False)) for row in d.get("samples") or []]
+    if not rows:
+        return {}
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    def share(pred) -> float:
+        return round(100.0 * sum(1 for r in rows if pred(r)) / len(rows), 1)
+
+    return {"samples": len(rows),
+            "sampled_rtt_us_median": med("rtt_us"),
+            "sampled_cwnd_bytes_median": med("snd_cwnd") * mss,
+            "sampled_unacked_bytes_median": med("unacked") * mss,
+            "sampled_notsent_bytes_median": med("notsent_bytes"),
+            "sampled_pacing_gbit_median": round(8e-9 * med("pacing_rate"), 3),
+            "sampled_delivery_gbit_median": round(8e-9 * med("delivery_rate"), 3),
+            "sampled_recovery_pct": share(lambda r: r["ca_state"] >= 3),
+            "sampled_disorder_or_cwr_pct": share(lambda r: r["ca_state"] in (1, 2)),
+            "sampled_nothing_unsent_pct": share(lambda r: r["notsent_bytes"] == 0),
+            "sampled_app_limited_pct": share(lambda r: r["app_limited"])}
 
 
 def link_bytes(op: str, size: int, world: int) -> int:
@@ -329,6 +469,8 @@ def main() -> int:
     ap.add_argument("--backend", default="mccl", choices=["mccl", "gloo"],
                     help="gloo: op times and TCP counters only, for comparison")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--burst", type=parse_size, default=None,
+                    help="tbf bucket in bytes (default: the cluster's)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--analyze", action="store_true",
@@ -346,15 +488,17 @@ def main() -> int:
     from mccl.bench.ceiling import measure_ceiling
     from mccl.bench.cluster import Cluster
 
-    with Cluster(args.hosts, args.rate) as c:
+    with Cluster(args.hosts, args.rate, burst=args.burst) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
         drops0, softnet0 = c.drops(), softnet_drops()
+        addrs = [c.addr(i) for i in range(args.hosts)]
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
-                  args.backend, backend=args.backend, timeout=args.timeout,
+                  args.backend, addrs, backend=args.backend, timeout=args.timeout,
                   pg_timeout_s=PG_TIMEOUT_S, hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
         drops1, softnet1 = c.drops(), softnet_drops()
     summary = summarize(args.out, bps, link_bytes(args.op, size, args.hosts))
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
+                   tbf_burst=args.burst,
                    **{f"{where}_drops_during_run": {ns: count - drops0[where].get(ns, 0)
                                                     for ns, count in now.items()}
                       for where, now in drops1.items()},

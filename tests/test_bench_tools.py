@@ -46,12 +46,61 @@ def test_sizes_rates_and_factors() -> None:
         cl.parse_rate("1GB/s")
     burst, limit = cl.tbf_params(10**9)
     assert burst >= 64 * 1024 and limit >= 2 * burst
+    burst, limit = cl.tbf_params(10**10, 256 << 10)  # a chosen bucket
+    assert burst == 256 << 10 and limit >= 4 * burst
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("broadcast", 8) == 1.0
     assert bus_factor("all_gather", 4) == bus_factor("all_to_all", 4) == 0.75
     assert element_count("all_gather", 8, 4, 4) == 4  # at least one element per rank
     assert element_count("all_reduce", 1 << 20, 4, 4) == 1 << 18
     assert canonical_op("all_gather_into_tensor") == "all_gather"
     assert canonical_op("alltoall") == "all_to_all"
+
+
+def test_cluster_burst_is_checked_and_reported(tmp_path: Path) -> None:
+    """A tbf bucket too small for one GSO packet is refused before anything is made (by the
+    library and by the bench's CLI); a chosen one is what the cluster reports and uses."""
+    with pytest.raises(ValueError, match="burst"):
+        cl.tbf_params(10**9, 1000)
+    with pytest.raises(ValueError, match="burst"):
+        cl.Cluster(2, "1gbit", prefix=TEST_PREFIX, burst=1000)
+    d = cl.Cluster(2, "10gbit", prefix=TEST_PREFIX, burst=256 << 10).describe()
+    assert d["tbf_burst"] == 256 << 10 and f"burst {256 << 10} " in d["tbf"]
+    assert cl.Cluster(2, None, prefix=TEST_PREFIX, burst=1000).burst == 1000  # unshaped
+    res = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", "--burst", "1K",
+                          "--world-sizes", "2", "--sizes", "8", "--json",
+                          str(tmp_path / "x.json")],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 2 and "burst" in res.stderr, res.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_timeline_finds_a_process_sockets_by_peer_address() -> None:
+    """timeline.py reaches gloo's sockets through /proc: the busiest connection per peer."""
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("no /proc/self/fd on this OS")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import timeline
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        quiet = socket.create_connection(srv.getsockname())
+        busy = socket.create_connection(srv.getsockname())
+        a, _ = srv.accept()
+        b, _ = srv.accept()
+        try:
+            busy.sendall(b"x" * 100_000)
+            found = timeline.peer_sockets(["192.0.2.1", "127.0.0.1"])
+            assert list(found) == [1]
+            assert timeline.tcp_info(found[1])["bytes_sent"] + \
+                timeline.tcp_info(found[1])["bytes_received"] >= 100_000
+            for s in found.values():
+                s.close()
+        finally:
+            for s in (quiet, busy, a, b):
+                s.close()
 
 
 def test_cluster_unavailable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,20 +336,40 @@ def test_timeline_summary_attributes_a_slow_link(tmp_path: Path) -> None:
                           (t0 + 1e-4, "recv", 1 - r, 0),
                           (t0 + 1e-4 + need + slow, "got", 1 - r, mb),
                           (t0 + 2e-4 + need + slow, "end", op, 0)]
-    # rank 0's send socket (to rank 1), TCP_INFO after each op: between its two op ends
-    # (103 ms: op 1 ended 3 ms late) it had data to send for 90 ms, 5 ms of them limited by
-    # the receiver's window
+    # rank 0's send socket (to rank 1), TCP_INFO before the first op and after the last:
+    # between its first start and last end (op 1 ended 3 ms late) it had data to send for
+    # 90 ms, 5 ms of them limited by the receiver's window
     info = [{"1": {"busy_us": b, "rwnd_limited_us": w, "sndbuf_limited_us": 0, "rtt_us": 900,
                    "snd_cwnd": 100, "snd_mss": 1448, "snd_wnd": 1 << 22, "total_retrans": 0}}
             for b, w in ((10_000, 1_000), (100_000, 6_000))]
+    # its socket sampled four times: once in loss recovery, twice with nothing unsent
+    fields = list(timeline.SAMPLE_FIELDS)
+    rows = [dict(ca_state=c, rtt_us=rtt, snd_cwnd=100, unacked=u, notsent_bytes=ns,
+                 pacing_rate=1_250_000_000, delivery_rate=1_000_000_000, app_limited=al)
+            for c, rtt, u, ns, al in ((0, 100, 10, 0, 1), (4, 300, 20, 1000, 0),
+                                      (0, 200, 30, 0, 0), (1, 400, 40, 5000, 0))]
+    samples = [[0.05] + [row[k] for k in fields] for row in rows]
     for r, ev in traces.items():
-        (tmp_path / f"rank{r}.json").write_text(
-            json.dumps({"rank": r, "world": 2, "events": ev, "tcp": info if r == 0 else []}))
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(
+            {"rank": r, "world": 2, "events": ev, "tcp": info if r == 0 else [],
+             "send_peer": 1 - r, "samples": samples if r == 0 else [], "sample_fields": fields}))
     s = timeline.summarize(tmp_path, bps)
     limits = s["send_socket_during_trace"][0]
-    assert (limits["busy_pct"], limits["rwnd_limited_pct"]) == (round(9000 / 103, 1),
-                                                                 round(500 / 103, 1))
-    assert limits["cwnd_bytes_median"] == 144_800
+    span_ms = 1e3 * (0.1 + 2e-4 + need + 0.003)
+    assert (limits["busy_pct"], limits["rwnd_limited_pct"]) == (round(9000 / span_ms, 1),
+                                                                 round(500 / span_ms, 1))
+    assert limits["cwnd_bytes_median"] == 144_800 and limits["send_peer"] == 1
+    assert limits["samples"] == 4 and limits["sampled_rtt_us_median"] == 250
+    assert limits["sampled_unacked_bytes_median"] == 25 * 1448
+    assert (limits["sampled_recovery_pct"], limits["sampled_disorder_or_cwr_pct"],
+            limits["sampled_nothing_unsent_pct"], limits["sampled_app_limited_pct"]) == (
+        25.0, 25.0, 50.0, 25.0)
+    assert limits["sampled_pacing_gbit_median"] == 10.0
+    # both ops start together; op 1 ends 3 ms apart; ops are 100 ms apart, so each link
+    # waited from its last delivery of op 0 to its sender's first send of op 1
+    assert s["start_skew_ms_median"] == 0 and math.isclose(s["end_skew_ms_median"], 1.5)
+    gap = round(1e3 * (0.1 - need), 2)
+    assert s["link_idle_between_ops_ms_mean"] == {"0->1": gap, "1->0": gap}
     assert s["ops"] == 2 and s["world"] == 2
     assert math.isclose(s["before_first_send_us_median"], 100, rel_tol=1e-6)
     assert math.isclose(s["after_last_recv_us_median"], 100, rel_tol=1e-6)

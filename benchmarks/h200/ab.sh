@@ -3,7 +3,8 @@
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
 # (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
-# "--queue 4"; TL_RUNS, TL_VARIANTS the timelines):
+# "--queue 4"; BURST the links' tbf bucket in bytes; TL_RUNS, TL_VARIANTS, TL_GLOO=1 the
+# timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -33,7 +34,7 @@ bench() {  # NAME WORLD BACKEND AB
         timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
         --world-sizes "$n" --rate 10gbit --backends "$backend" --ops "$OPS" \
         --device "$DEVICE" --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
-        ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
+        ${BURST:+--burst $BURST} ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
     grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
 }
 for n in $WORLDS; do
@@ -41,17 +42,25 @@ for n in $WORLDS; do
     for v in "$@"; do bench "${v%%:*}" "$n" mccl "${v#*:}"; done
 done
 # Timelines: TL_VARIANTS "name:spec ..." (default: the defaults only) x TL_RUNS "op:size ..."
-# at 4 hosts.
+# at 4 hosts; TL_GLOO=1 traces gloo too (its sockets' TCP_INFO), once per run, after the
+# first variant's.
+first_v=${TL_VARIANTS:-base:}; first_v=${first_v%% *}
 for v in ${TL_VARIANTS:-base:}; do
     for run in ${TL_RUNS:-all_reduce:1M all_reduce:64M}; do
+      backends=mccl
+      [ "${TL_GLOO:-0}" = 1 ] && [ "$v" = "$first_v" ] && backends="mccl gloo"
+      for b in $backends; do
         op=${run%%:*} s=${run#*:}
         lim=$(left); [ "$lim" -gt 90 ] && lim=90
-        [ "$lim" -lt 20 ] && break 2
-        out="$RES/timeline-${v%%:*}-$op-$s"
+        [ "$lim" -lt 20 ] && break 3
+        name="${v%%:*}"; [ "$b" = gloo ] && name=gloo
+        out="$RES/timeline-$name-$op-$s"
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
             timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
-            --rate 10gbit --op "$op" --size "$s" --reps 12 --out "$out" >"$out.log" 2>&1
-        echo "timeline ${v%%:*} $op $s:" >>"$RES/summary.txt"
+            --rate 10gbit --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
+            ${BURST:+--burst $BURST} \
+            >"$out.log" 2>&1
+        echo "timeline $name $op $s:" >>"$RES/summary.txt"
         "$PY" - "$out/summary.json" >>"$RES/summary.txt" 2>&1 <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -67,6 +76,7 @@ print("    drops: qdisc", d.get("qdisc_drops_during_run"), "links", d.get("link_
       "softnet", d.get("softnet_drops_during_run"),
       "netdev_max_backlog", d.get("netdev_max_backlog"))
 PYEOF
+      done
     done
 done
 tar -czf "$OUTDIR/ab_results.tar.gz" -C "$RES" . && cp "$RES/summary.txt" "$OUTDIR/summary.txt"

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=0, help="cluster hosts (default: max world size)")
     p.add_argument("--rate", default="1gbit", help="cluster link rate (e.g. 10gbit, none)")
     p.add_argument("--prefix", default="mccl", help="cluster namespace prefix")
+    p.add_argument("--burst", type=parse_size, default=None, metavar="BYTES",
+                   help="cluster tbf bucket, e.g. 128K (default: 1 ms at the rate, >= 128K; "
+                        "a smaller bucket lets an idle link catch up less, as a switch port)")
     p.add_argument("--ceiling-seconds", type=float, default=DEFAULT_CEILING_S,
                    help="duration of the TCP ceiling measurement (0 = skip)")
     p.add_argument("--timeout", type=float, default=60.0,
@@ -200,7 +203,12 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
     t0 = time.monotonic()
     cluster = None
     if args.cluster:
-        cluster = Cluster(args.hosts or max(worlds), args.rate, prefix=args.prefix)
+        try:
+            cluster = Cluster(args.hosts or max(worlds), args.rate, prefix=args.prefix,
+                              burst=args.burst)
+        except ValueError as exc:
+            print(f"bad cluster setting: {exc}", file=sys.stderr)
+            return 2
         try:
             cluster.up()
         except ClusterUnavailable as exc:

@@ -47,6 +47,12 @@ DEFAULT_MTU = 1500
 # >=99.9% of the payload ceiling at 1gbit and 10gbit; the bucket must hold a 64 KiB GSO skb).
 TBF_BURST_SECONDS = 1e-3
 TBF_MIN_BURST = 128 * 1024
+# The smallest bucket a caller may ask for: one 64 KiB GSO packet and its headers. A bucket
+# holds what a link may send at veth speed after idling, which a real switch port cannot
+# (it never sends faster than line rate): a small bucket is the stricter emulation, and it
+# treats bursty senders (gloo's two big messages in flight) and steady ones (mccl's chunk
+# stream) alike.
+TBF_MIN_GSO_BURST = 66 * 1024
 TBF_LIMIT_SECONDS = 10e-3  # queue: ~10 ms at rate, enough for one stream's cwnd without drops
 TBF_MIN_LIMIT = 1 << 20
 # Known artefact: a full bucket lets a message smaller than `burst` through at veth speed (a
@@ -100,17 +106,22 @@ def format_rate(bits_per_s: int | None) -> str:
     return f"{bits_per_s}bit"
 
 
-def tbf_params(bits_per_s: int) -> tuple[int, int]:
-    """(burst, limit) in bytes for tbf at this rate; see the TBF_* constants for why."""
+def tbf_params(bits_per_s: int, burst: int | None = None) -> tuple[int, int]:
+    """(burst, limit) in bytes for tbf at this rate; see the TBF_* constants for why.
+    ``burst``: the bucket's size instead of the default (at least TBF_MIN_GSO_BURST)."""
     bytes_per_s = bits_per_s / 8
-    burst = max(int(bytes_per_s * TBF_BURST_SECONDS), TBF_MIN_BURST)
+    if burst is None:
+        burst = max(int(bytes_per_s * TBF_BURST_SECONDS), TBF_MIN_BURST)
+    elif burst < TBF_MIN_GSO_BURST:
+        raise ValueError(f"tbf burst must be at least {TBF_MIN_GSO_BURST} bytes (one 64 KiB "
+                         f"GSO packet with headers), got {burst}")
     limit = max(int(bytes_per_s * TBF_LIMIT_SECONDS), TBF_MIN_LIMIT, 4 * burst)
     return burst, limit
 
 
-def tbf_spec(bits_per_s: int) -> str:
+def tbf_spec(bits_per_s: int, burst: int | None = None) -> str:
     """The tc arguments after 'root' for one shaped link direction."""
-    burst, limit = tbf_params(bits_per_s)
+    burst, limit = tbf_params(bits_per_s, burst)
     return f"tbf rate {bits_per_s}bit burst {burst} limit {limit}"
 
 
@@ -282,7 +293,7 @@ class Cluster:
     def __init__(self, hosts: int = DEFAULT_HOSTS, rate: str | int | None = DEFAULT_RATE, *,
                  prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
                  mtu: int = DEFAULT_MTU, ip_bin: str | None = None,
-                 tc_bin: str | None = None) -> None:
+                 tc_bin: str | None = None, burst: int | None = None) -> None:
         if not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts must be in 1..{MAX_HOSTS}, got {hosts}")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
@@ -291,6 +302,9 @@ class Cluster:
             raise ValueError(f"subnet must be the first three octets, e.g. 10.77.0, got {subnet}")
         self.n_hosts = hosts
         self.rate_bps = parse_rate(rate)
+        if self.rate_bps:
+            tbf_params(self.rate_bps, burst)  # a bad burst fails here, before anything is made
+        self.burst = burst
         self.prefix = prefix
         self.subnet = subnet
         self.mtu = mtu
@@ -327,8 +341,8 @@ class Cluster:
                                "addrs": [f"{self.subnet}.{i + 1}" for i in range(self.n_hosts)],
                                "bringup_s": self.bringup_s}
         if self.rate_bps:
-            burst, limit = tbf_params(self.rate_bps)
-            out.update(tbf_burst=burst, tbf_limit=limit, tbf=tbf_spec(self.rate_bps),
+            burst, limit = tbf_params(self.rate_bps, self.burst)
+            out.update(tbf_burst=burst, tbf_limit=limit, tbf=tbf_spec(self.rate_bps, self.burst),
                        tcp_payload_ceiling=tcp_payload_ceiling(self.rate_bps, self.mtu))
         return out
 
@@ -402,7 +416,7 @@ class Cluster:
             jobs.append(([ip, "-n", h, "-batch", "-"], "\n".join(lines) + "\n"))
         if self.rate_bps:
             assert self.tc is not None
-            qd = f"root {tbf_spec(self.rate_bps)}"
+            qd = f"root {tbf_spec(self.rate_bps, self.burst)}"
             sw_tc = [f"qdisc replace dev p{i} {qd}" for i in range(self.n_hosts)]
             jobs.append(([self.tc, "-n", sw, "-batch", "-"], "\n".join(sw_tc) + "\n"))
             for h in self.hosts:
@@ -560,12 +574,20 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rate", default=DEFAULT_RATE, help="per-link rate, e.g. 1gbit or none")
     up.add_argument("--subnet", default=DEFAULT_SUBNET, help="first three octets of the /24")
     up.add_argument("--mtu", type=int, default=DEFAULT_MTU)
+    up.add_argument("--burst", type=_size, default=None,
+                    help="tbf bucket in bytes, e.g. 128K (default: 1 ms at the rate, >= 128K)")
     sub.add_parser("down", help="delete every namespace of the prefix")
     sub.add_parser("status", help="show namespaces, addresses and shaping")
     ex = sub.add_parser("exec", help="run a command inside a host: exec 0 -- cmd args")
     ex.add_argument("host", help="0, h0 or <prefix>-h0")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- command...")
     return p
+
+
+def _size(text: str) -> int:
+    from .report import parse_size
+
+    return parse_size(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -575,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.cmd == "up":
             cl = Cluster(args.hosts, args.rate, prefix=args.prefix, subnet=args.subnet,
-                         mtu=args.mtu, ip_bin=args.ip, tc_bin=args.tc)
+                         mtu=args.mtu, ip_bin=args.ip, tc_bin=args.tc, burst=args.burst)
             cl.up(persist=True)
             d = cl.describe()
             print(f"up: {cl.n_hosts} hosts behind {cl.switch}, rate {d['rate']}, "
