@@ -51,14 +51,46 @@ class FakeChannel:
         pass
 
 
-def run_all(world: int, fn) -> list:
+class HeldSendChannel(FakeChannel):
+    """A FakeChannel whose sends keep reading the caller's buffer until a ``wait`` on a later
+    ``mark`` (or ``flush``) says they are written, as the engine's sender threads do: the
+    peer gets the bytes at once, and a buffer changed while its send is still held fails the
+    test (a buffer reused too early)."""
+
+    def __init__(self, rank: int, size: int, boxes: dict):
+        super().__init__(rank, size, boxes)
+        self._held: list[tuple[np.ndarray, np.ndarray]] = []
+        self._done = 0  # sends before this index were checked and released
+
+    def send(self, peer: int, buf: np.ndarray) -> bool:
+        super().send(peer, buf)
+        self._held.append((buf, buf.copy()))
+        return False
+
+    def _release(self, upto: int) -> None:
+        for view, sent in self._held[self._done:upto]:
+            np.testing.assert_array_equal(view, sent, err_msg="buffer changed while its "
+                                                              "send was still held")
+        self._done = max(self._done, upto)
+
+    def mark(self) -> object:
+        return len(self._held)
+
+    def wait(self, token: object) -> None:
+        self._release(int(token))
+
+    def flush(self) -> None:
+        self._release(len(self._held))
+
+
+def run_all(world: int, fn, channel=FakeChannel) -> list:
     boxes = {(a, b): queue.Queue() for a in range(world) for b in range(world)}
     results: list = [None] * world
     errors: list = []
 
     def target(r: int) -> None:
         try:
-            results[r] = fn(FakeChannel(r, world, boxes))
+            results[r] = fn(channel(r, world, boxes))
         except BaseException as e:  # noqa: BLE001
             errors.append((r, e))
 
@@ -186,6 +218,43 @@ def test_reduce_scatter_out_of_place(world: int, n: int, how: str) -> None:
     for r, got in enumerate(run_all(world, body)):
         want = np.max([data(q, n) + r for q in range(world)], axis=0) if n else np.zeros(0)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("spares", [1, 2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_reduce_scatter_reuses_a_spare_only_after_its_sends(
+        world: int, spares: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many segment buffers the partial sums rotate through, none is overwritten
+    while a send that reads it is still held, and the result is exact."""
+    monkeypatch.setattr(ring, "REDUCE_SCATTER_SPARES", spares)
+    fn, fin, n = reducer(Op.SUM, torch.float64), finisher(Op.SUM, world), 3000
+
+    def body(ch):
+        src = [data(ch.rank, n) + 7 * i for i in range(world)]
+        out = np.full(n, -1.0)
+        ring.reduce_scatter(ch, src, out, fn, fin, Scratch(), 2048)
+        return out
+
+    for r, got in enumerate(run_all(world, body, HeldSendChannel)):
+        np.testing.assert_array_equal(got, sum(data(q, n) + 7 * r for q in range(world)))
+
+
+def test_held_send_channel_catches_a_buffer_reused_too_early() -> None:
+    """The check above can fail: a rank that overwrites a buffer before waiting is caught."""
+
+    def body(ch):
+        buf = np.arange(4.0)
+        if ch.rank == 0:
+            ch.send(1, buf)
+            mark = ch.mark()
+            buf += 1  # too early: the send before `mark` may still read it
+            ch.wait(mark)
+        else:
+            ch.recv(0, buf)
+        return buf
+
+    with pytest.raises(AssertionError, match="still held"):
+        run_all(2, body, HeldSendChannel)
 
 
 @pytest.mark.parametrize("world", WORLDS)

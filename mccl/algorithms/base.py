@@ -80,8 +80,9 @@ def chunks(seg: np.ndarray, k: int) -> list[np.ndarray]:
 class Scratch:
     """Reusable buffers, grown on demand (never allocated per op or per chunk).
 
-    Slot 0 is the chunk-sized receive buffer; out-of-place reduce-scatter also uses two
-    segment-sized slots for the partial sums in flight.
+    Slot 0 is the chunk-sized receive buffer; out-of-place reduce-scatter also uses
+    segment-sized slots from 1 up for the partial sums in flight
+    (``ring.REDUCE_SCATTER_SPARES``).
     """
 
     def __init__(self) -> None:

@@ -32,6 +32,9 @@ ChunkHook = Callable[[int, int], None] | None
 #: costs a copy call and a fence, ~0.1 ms of comm-thread time); see ``copy_plan``.
 PIECE_MAX_BYTES = 4 << 20
 PIECE_MIN_BYTES = 1 << 20
+#: Segment-sized buffers ``reduce_scatter``'s partial sums rotate through: before one is
+#: overwritten, the sends that read it that many steps earlier must have been written.
+REDUCE_SCATTER_SPARES = 2
 
 
 def segment_chunks(n: int, w: int, itemsize: int, chunk_bytes: int | None = None) -> int:
@@ -219,8 +222,9 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
                    started: bool = False, ends_op: bool = True) -> None:
     """Out of place: ``out`` = reduction over ranks of their ``src[rank]``; ``src`` unchanged.
 
-    Partial sums travel through two segment-sized buffers used alternately; before a buffer
-    is overwritten, the sends that read it two steps earlier are waited for. ``started``:
+    Partial sums travel through ``REDUCE_SCATTER_SPARES`` segment-sized buffers in turn;
+    before a buffer is overwritten, the sends that read it that many steps earlier are
+    waited for. ``started``:
     ``reduce_scatter_start`` already sent the first segment. ``ends_op``: nothing is sent
     after this call in the op, so it tells the channel before its last step (which only
     receives) that its sends are done.
@@ -234,7 +238,8 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
     nxt, prv = (r + 1) % w, (r - 1) % w
     k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
     longest = max(s.shape[0] for s in src)
-    spare = [scratch.take(longest * out.itemsize, out.dtype, slot) for slot in (1, 2)]
+    n_spare = min(REDUCE_SCATTER_SPARES, max(1, w - 2))  # partial sums of w - 2 steps
+    spare = [scratch.take(longest * out.itemsize, out.dtype, 1 + i) for i in range(n_spare)]
     if not started:
         reduce_scatter_start(ch, src, chunk_bytes)
     marks: list[object] = []
@@ -243,9 +248,9 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
         last = s == w - 2
         if last and ends_op:
             ch.sends_done()
-        if s >= 2:
-            ch.wait(marks[s - 2])
-        dest = out if last else spare[s % 2][:src[x].shape[0]]
+        if not last and s >= n_spare:
+            ch.wait(marks[s - n_spare])
+        dest = out if last else spare[s % n_spare][:src[x].shape[0]]
         for c_in, c_out in zip(chunks(src[x], k), chunks(dest, k), strict=True):
             if not c_in.size:
                 continue

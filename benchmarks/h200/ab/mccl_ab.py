@@ -20,10 +20,11 @@ segment instead (the staging before pieces; with ``first_ranges=1000`` all enque
 ``pipeline_min=N``: staged all-reduces of at least N bytes copy piece by piece, smaller ones
 whole (``staging.PIPELINE_MIN_BYTES``); ``clamp=N`` caps the window every data socket
 advertises at N bytes (TCP_WINDOW_CLAMP, Linux: bounds the bytes in flight per connection,
-as gloo's two outstanding 1 MiB segments do; not yet measured at 10 Gbit);
-``recv_piece=N`` reads every frame in receives of at most N bytes (the kernel holds the
-socket's lock while one receive copies what is queued, and handles newly arrived packets, and
-so their ACKs, only after it).
+as gloo's two outstanding 1 MiB segments do; at 10 Gbit it changed nothing, ninth session);
+``rs_spares=N``: reduce-scatter's partial sums rotate through N segment buffers
+(``ring.REDUCE_SCATTER_SPARES``); ``recv_piece=N`` reads every frame in receives of at most
+N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
+handles newly arrived packets, and so their ACKs, only after it).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _CONSTANTS = {
     "step_ranges": ("mccl.device.staging", "COPY_STEP_RANGES"),
     "early": ("mccl.engine", "EARLY_START"),
     "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
+    "rs_spares": ("mccl.algorithms.ring", "REDUCE_SCATTER_SPARES"),
 }
 
 
