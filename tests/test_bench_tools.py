@@ -65,7 +65,8 @@ def test_cluster_burst_is_checked_and_reported(tmp_path: Path) -> None:
         cl.Cluster(2, "1gbit", prefix=TEST_PREFIX, burst=1000)
     d = cl.Cluster(2, "10gbit", prefix=TEST_PREFIX, burst=256 << 10).describe()
     assert d["tbf_burst"] == 256 << 10 and f"burst {256 << 10} " in d["tbf"]
-    assert cl.Cluster(2, None, prefix=TEST_PREFIX, burst=1000).burst == 1000  # unshaped
+    with pytest.raises(ValueError, match="rate"):  # unshaped links have no bucket
+        cl.Cluster(2, None, prefix=TEST_PREFIX, burst=256 << 10)
     res = subprocess.run([sys.executable, "-m", "mccl.bench", "--cluster", "--burst", "1K",
                           "--world-sizes", "2", "--sizes", "8", "--json",
                           str(tmp_path / "x.json")],

@@ -48,10 +48,10 @@ DEFAULT_MTU = 1500
 TBF_BURST_SECONDS = 1e-3
 TBF_MIN_BURST = 128 * 1024
 # The smallest bucket a caller may ask for: one 64 KiB GSO packet and its headers. A bucket
-# holds what a link may send at veth speed after idling, which a real switch port cannot
-# (it never sends faster than line rate): a small bucket is the stricter emulation, and it
-# treats bursty senders (gloo's two big messages in flight) and steady ones (mccl's chunk
-# stream) alike.
+# holds what a link may send at veth speed after idling, which a real switch port cannot (it
+# never sends faster than line rate), so a smaller one hands back less of a link's idle time
+# (ninth session, benchmarks/results/h200: gloo's lead over mccl shrank with it). Too small a
+# bucket starves TCP instead: 66 KiB at 1 Gbit halved a 4-rank ring's throughput here.
 TBF_MIN_GSO_BURST = 66 * 1024
 TBF_LIMIT_SECONDS = 10e-3  # queue: ~10 ms at rate, enough for one stream's cwnd without drops
 TBF_MIN_LIMIT = 1 << 20
@@ -302,6 +302,8 @@ class Cluster:
             raise ValueError(f"subnet must be the first three octets, e.g. 10.77.0, got {subnet}")
         self.n_hosts = hosts
         self.rate_bps = parse_rate(rate)
+        if burst is not None and not self.rate_bps:
+            raise ValueError("a tbf burst needs a link rate (unshaped links have no bucket)")
         if self.rate_bps:
             tbf_params(self.rate_bps, burst)  # a bad burst fails here, before anything is made
         self.burst = burst
