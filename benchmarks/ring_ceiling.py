@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mccl.bench.ceiling import _role_argv, measure_ceiling  # noqa: E402
 from mccl.bench.cluster import Cluster, kill_tree  # noqa: E402
+from mccl.bench.report import parse_size  # noqa: E402
 
 WARMUP_S = 1.0
 SLACK_S = 30.0
@@ -63,10 +64,12 @@ def main() -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--burst", type=parse_size, default=None,
+                    help="tbf bucket in bytes (default: the cluster's)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     rounds = []
-    with Cluster(args.hosts, args.rate) as c:
+    with Cluster(args.hosts, args.rate, burst=args.burst) as c:
         for r in range(args.rounds):
             single = measure_ceiling(c, seconds=args.seconds)
             ring = ring_streams(c, args.hosts, args.seconds)
@@ -77,7 +80,8 @@ def main() -> int:
                   f"streams {rates} GB/s, ring / single {ratio:.4f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"hosts": args.hosts, "rate": args.rate,
-                                         "seconds": args.seconds, "rounds": rounds}, indent=1))
+                                         "burst": args.burst, "seconds": args.seconds,
+                                         "rounds": rounds}, indent=1))
     return 0
 
 

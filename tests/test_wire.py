@@ -445,6 +445,25 @@ def test_an_ops_first_large_send_is_written_at_once_and_the_rest_queued_in_order
     mesh.dispose()
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT")
+def test_data_sockets_hold_little_unsent_data() -> None:
+    """Every data connection caps its unsent backlog (the kernel takes a quarter MiB at a
+    time), and a frame much larger than that still goes through whole and in order."""
+    from mccl.transport.tcp import NOTSENT_LOWAT_BYTES
+
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    sock = mesh.peer(1).sock
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT_BYTES
+    big = np.arange(3 << 20, dtype=np.uint8)
+    mesh.send(1, DATA, SIG, 7, big)
+    mesh.send(1, DATA, SIG, 7, big[::-1].copy())
+    far[1].settimeout(20)
+    assert _read_frame(far[1]) == (big.nbytes, big.tobytes())
+    assert _read_frame(far[1]) == (big.nbytes, big[::-1].tobytes())
+    mesh.flush([1])
+    mesh.dispose()
+
+
 def test_dead_bystander_is_noticed_while_blocked() -> None:
     """Rank 0 waits for rank 1; rank 2 dies (EOF without BYE): rank 0 fails naming rank 2."""
     mesh, far = make_mesh(3, timeout_s=60.0)
