@@ -30,6 +30,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .report import parse_size
+
 log = logging.getLogger(__name__)
 
 ENV_IP = "MCCL_IP"  # path to a custom `ip` binary/wrapper
@@ -576,7 +578,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rate", default=DEFAULT_RATE, help="per-link rate, e.g. 1gbit or none")
     up.add_argument("--subnet", default=DEFAULT_SUBNET, help="first three octets of the /24")
     up.add_argument("--mtu", type=int, default=DEFAULT_MTU)
-    up.add_argument("--burst", type=_size, default=None,
+    up.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket in bytes, e.g. 128K (default: 1 ms at the rate, >= 128K)")
     sub.add_parser("down", help="delete every namespace of the prefix")
     sub.add_parser("status", help="show namespaces, addresses and shaping")
@@ -584,12 +586,6 @@ def _build_parser() -> argparse.ArgumentParser:
     ex.add_argument("host", help="0, h0 or <prefix>-h0")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- command...")
     return p
-
-
-def _size(text: str) -> int:
-    from .report import parse_size
-
-    return parse_size(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
