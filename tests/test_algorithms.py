@@ -130,6 +130,30 @@ def test_all_reduce(world: int, n: int, algo: str) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("algo", ["ring", "doubling"])
+@pytest.mark.parametrize("op", [Op.MAX, Op.MIN])
+def test_all_reduce_bits_agree_where_operands_compare_equal(world: int, algo: str,
+                                                            op: Op) -> None:
+    """-0.0 and 0.0 (and NaNs of different payloads) compare equal, and MIN / MAX return one
+    operand by its position: every rank must still end with the same bits."""
+    fn = reducer(op, torch.float32)
+    nan_a = np.array([0x7FC00001], dtype=np.uint32).view(np.float32)[0]
+    nan_b = np.array([0x7FC00002], dtype=np.uint32).view(np.float32)[0]
+    mod = {"ring": ring, "doubling": doubling}[algo]
+
+    def body(ch):
+        even = ch.rank % 2 == 0
+        buf = np.array([-0.0, 0.0, nan_a, 1.0] if even else [0.0, -0.0, nan_b, 1.0],
+                       dtype=np.float32)
+        mod.all_reduce(ch, buf, fn, None, Scratch())
+        return buf.view(np.uint32).copy()
+
+    got = run_all(world, body)
+    for bits in got[1:]:
+        np.testing.assert_array_equal(bits, got[0])
+
+
 @pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("n", [1, 7, 70_001])
 def test_ring_all_reduce_started_matches_one_call(world: int, n: int) -> None:

@@ -1,8 +1,9 @@
 """Latency-optimal algorithms for small messages: log2(n) rounds instead of 2(n-1) steps.
 
 Non-power-of-two groups fold the extra ranks onto the first ones before the rounds and
-unfold after, so every rank ends with bit-identical results (each pairwise reduction is
-commutative, so partners compute the same value).
+unfold after, so every rank ends with bit-identical results: partners reduce their two
+partial values in the same order (the lower rank's first), since MIN and MAX pick an operand
+by its position where the two compare equal but differ in bits (-0.0 and 0.0, NaN payloads).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
             if not ch.send(partner, buf):
                 ch.flush()
             ch.recv(partner, tmp)
-            reduce(buf, tmp)
+            if partner > r:
+                reduce(buf, tmp)
+            else:
+                reduce(tmp, buf, buf)
             mask <<= 1
         if finish is not None:
             finish(buf)
