@@ -212,6 +212,17 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if len(dtypes) > 1:
             raise TypeError(f"mccl {op}: tensors of mixed dtypes {sorted(map(str, dtypes))}")
 
+    def _real_pairs(self, op: str, redop: Op, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Complex tensors reduce as float views of their (real, imaginary) pairs, as torch's
+        own all_reduce hands them over: SUM and AVG are the same element-wise on the pairs;
+        the other ops have no complex meaning (torch refuses them too)."""
+        if not tensors or not tensors[0].is_complex():
+            return tensors
+        if redop not in (Op.SUM, Op.AVG):
+            raise TypeError(f"mccl {op}: reduce op {redop.name} is not defined for complex "
+                            f"dtype {tensors[0].dtype} (SUM and AVG are)")
+        return [torch.view_as_real(t) for t in tensors]
+
     def _numel_is(self, op: str, what: str, t: torch.Tensor, n: int) -> None:
         if t.numel() != n:
             raise ValueError(f"mccl {op}: {what} has {t.numel()} elements, expected {n}")
@@ -279,22 +290,24 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             redop = _redop(opts)
         else:
             redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        t = self._one(op_name, tensors)
-        device = self._device_of(op_name, [t])
+        given = self._one(op_name, tensors)
+        device = self._device_of(op_name, [given])
+        (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
         sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
         run = coll.AllReduce(redop, self._engine.scratch)
-        return self._submit(op_name, sig, run.finish, [t], [True], [True], [t], opts=opts,
+        return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
                             device=device, start=run.start, segmented=run.stage)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        tensors = list(tensors)
-        device = self._device_of(op_name, tensors)
-        self._same_dtype(op_name, tensors)
-        if not tensors:
+        given = list(tensors)
+        device = self._device_of(op_name, given)
+        self._same_dtype(op_name, given)
+        if not given:
             return completed_work(op_name, [])
+        tensors = self._real_pairs(op_name, redop, given)
         check(redop, tensors[0].dtype)
         total = sum(t.numel() for t in tensors)
         sig = signature(Kind.ALL_REDUCE, tensors[0].dtype, redop, count=total)
@@ -302,7 +315,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.all_reduce_many(ch, h, redop, scratch),
-                            tensors, flags, flags, tensors, opts=opts, device=device)
+                            tensors, flags, flags, given, opts=opts, device=device)
 
     def broadcast(self, tensors, opts=None):
         op_name = "broadcast"
@@ -324,15 +337,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         op_name = "reduce"
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
-        t = self._one(op_name, tensors)
-        device = self._device_of(op_name, [t])
+        given = self._one(op_name, tensors)
+        device = self._device_of(op_name, [given])
+        (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
         sig = signature(Kind.REDUCE, t.dtype, redop, root, t.numel())
         scratch = self._engine.scratch
         is_root = self.rank() == root
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
-                            [t], [True], [is_root], [t], opts=opts, device=device)
+                            [t], [True], [is_root], [given], opts=opts, device=device)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         op_name = "all_gather"
@@ -429,13 +443,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, ins + [out])
         device = self._device_of(op_name, ins + [out])
         self._numel_is(op_name, f"input[{self.rank()}]", ins[self.rank()], out.numel())
+        given = out
+        *ins, out = self._real_pairs(op_name, redop, ins + [out])
         check(redop, out.dtype)
         sig = signature(Kind.REDUCE_SCATTER, out.dtype, redop,
                         count=sum(t.numel() for t in ins))
         n = len(ins)
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
         return self._submit(op_name, sig, run.finish, ins + [out], [True] * n + [False],
-                            [False] * n + [True], [out], opts=opts, device=device,
+                            [False] * n + [True], [given], opts=opts, device=device,
                             start=run.start)
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
@@ -444,11 +460,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, [output, input])
         w = self.size()
         self._numel_is(op_name, "input", input, output.numel() * w)
+        given = output
+        output, input = self._real_pairs(op_name, redop, [output, input])
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
-                            [True, False], [output], opts=opts, device=device, start=run.start)
+                            [True, False], [given], opts=opts, device=device, start=run.start)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
