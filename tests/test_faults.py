@@ -282,3 +282,32 @@ def test_bad_input_is_clear_and_group_stays_usable(mismatch_run) -> None:
             for w in words:
                 assert w in err, f"rank {rank}: {name}: {w!r} not in {err!r}"
             assert usable, f"rank {rank}: group unusable after {name}"
+
+
+def _issued_in_different_orders(rank: int, world: int) -> str:
+    """Rank 0 receives from rank 1 before an all-reduce, rank 1 sends after it: each waits
+    for the other (a group's ops run one at a time in issue order, as on NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        if rank == 0:
+            got = torch.zeros(3)
+            work = dist.irecv(got, 1)
+            dist.all_reduce(torch.ones(2))
+            work.wait()
+        else:
+            dist.all_reduce(torch.ones(2))
+            dist.send(torch.arange(3.0), 0)
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return str(e)
+    return "NO ERROR"
+
+
+def test_ranks_waiting_on_each_other_are_told_so() -> None:
+    """The group timeout's message says the silent peer reported waiting for this rank, so
+    a user sees an ordering problem rather than a dead or slow peer."""
+    for rank, msg in enumerate(run_ranks(_issued_in_different_orders, 2, timeout=120,
+                                         pg_timeout_s=3)):
+        assert "group timeout" in msg, f"rank {rank}: {msg}"
+        assert f"waiting for rank {rank}" in msg and "each waits for the other" in msg, msg

@@ -211,6 +211,9 @@ class Peer:
         self.eof = False  # the peer's side is closed (after a BYE)
         #: Last STATE probe: (seq, signature, rank it waits for).
         self.state: tuple[int, Signature, int] | None = None
+        #: This rank sent the peer a frame after its last STATE (the wait it reported on this
+        #: rank may be over).
+        self.sent_since_state = False
 
     # ---- sending (sender thread, or inline when idle) ----
     def _start(self) -> None:
@@ -520,6 +523,7 @@ class Mesh:
         p = self.peer(peer)
         if p.send_error is not None:
             raise p._send_failure()
+        p.sent_since_state = True
         if nbytes <= INLINE_MAX_BYTES:
             if p.write_now(header, payload, copy_rest=True) is None:
                 p.enqueue(header, bytes(_as_bytes(payload)) if nbytes else b"")
@@ -597,6 +601,7 @@ class Mesh:
             p.recv_exact(raw)
             (waits_for,) = STATE_PAYLOAD.unpack(raw)
             p.state = (hdr.seq, hdr.sig, waits_for)
+            p.sent_since_state = False
             if hdr.seq:
                 if hdr.seq > max(self.cur_seq, self.done_seq):
                     self._ahead.setdefault(hdr.seq, []).append((p.rank, hdr.sig))
@@ -770,11 +775,25 @@ class Mesh:
         waited = now - stall[0]
         if waited >= self.timeout_s and not self._excused(p, waited):
             raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
-                                    "(group timeout)")
+                                    f"(group timeout){self._waits_on_us(p)}")
         if not self._polling:
             self._probe(p.rank)
             self._poll(p)
         return stall
+
+    def _waits_on_us(self, p: Peer) -> str:
+        """The silent peer's STATE, where it says the peer waits for this rank (and this rank
+        sent it nothing since): the two wait on each other, which a timeout alone does not
+        explain."""
+        st = p.state
+        if st is None or st[2] != self.rank or p.sent_since_state:
+            return ""
+        what = (f"op #{st[0]} {describe_signature(st[1], self.describe)}" if st[0]
+                else "a point-to-point op")
+        return (f"; rank {p.rank} last reported waiting for rank {self.rank} in {what}: each "
+                "waits for the other (a group runs its ops, point-to-point ones included, one "
+                "at a time in the order each rank issued them; did the two ranks issue them "
+                "in different orders?)")
 
     def _excused(self, p: Peer, waited: float) -> bool:
         """The awaited peer said it is itself blocked in this op on a third rank: give that
