@@ -71,6 +71,35 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         c.eq("all_reduce complex64", z, torch.tensor([world + 2 * world * 1j,
                                                       sum(range(world)) * 1j],
                                                      dtype=torch.complex64))
+        # complex reductions go as (real, imaginary) pairs; only SUM and AVG mean anything
+        z = torch.tensor([1 + 2j, rank * 1j], dtype=torch.complex128)
+        dist.reduce(z, dst=1)
+        if rank == 1:
+            c.eq("reduce complex128", z, torch.tensor([world + 2 * world * 1j,
+                                                       sum(range(world)) * 1j],
+                                                      dtype=torch.complex128))
+        zo = torch.empty(2, dtype=torch.complex64)
+        zi = (torch.arange(2.0 * world) * (1 + 1j) + rank * 1j).to(torch.complex64)
+        dist.reduce_scatter_tensor(zo, zi, op=dist.ReduceOp.AVG)
+        want = (torch.arange(2.0 * rank, 2.0 * rank + 2) * (1 + 1j)
+                + sum(range(world)) / world * 1j).to(torch.complex64)
+        c.eq("reduce_scatter_tensor complex64 AVG", zo, want)
+        zl = [torch.full((3,), complex(r, rank)) for r in range(world)]
+        zo = torch.empty(3, dtype=torch.complex64)
+        dist.reduce_scatter(zo, zl)
+        c.eq("reduce_scatter complex64", zo,
+             torch.full((3,), complex(world * rank, sum(range(world)))))
+        c.raises("reduce complex MAX", TypeError,
+                 lambda: dist.reduce(torch.ones(2, dtype=torch.complex64), dst=0,
+                                     op=dist.ReduceOp.MAX), "MAX", "complex")
+        # -0.0 and 0.0 compare equal: every rank must still end with the same bits
+        for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+            t = torch.tensor([-0.0, 0.0] if rank % 2 == 0 else [0.0, -0.0])
+            dist.all_reduce(t, op=op)
+            bits = [torch.empty(2, dtype=torch.bool) for _ in range(world)]
+            dist.all_gather(bits, torch.signbit(t))
+            c.eq(f"all_reduce {op} signed zeros agree", torch.stack(bits),
+                 bits[0].expand(world, 2))
 
     def coalesced() -> None:
         ts = [torch.full((3,), float(rank)), torch.full((2, 2), 1.0), torch.empty(0)]
