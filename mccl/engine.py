@@ -254,8 +254,11 @@ class Engine:
             _discard(job)
             job.work.fail(err)
             if not mesh.closed:
-                # Forward the original reason (not our wrapper) so messages do not nest.
-                mesh.fail(getattr(e, "origin", None) or str(err), err.peer, job.seq)
+                # Forward the original reason (not our wrapper) so messages do not nest; a
+                # mismatch's own text names both ops and ranks.
+                reason = getattr(e, "origin", None) or (
+                    str(e) if isinstance(e, MismatchError) else str(err))
+                mesh.fail(reason, err.peer, job.seq)
             return
         job.work.complete(job.handoff.gate(), job.handoff.result_context())
 

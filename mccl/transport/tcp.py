@@ -590,9 +590,11 @@ class Mesh:
             text = reason.decode("utf-8", "replace")
             blamed = hdr.sig.root
             if blamed == self.rank:  # this rank is the one the others gave up on: the fault
-                # is here (its link broke, it stalled), not at the rank that says so
-                raise PeerError(p.rank, f"rank {p.rank} gave up on rank {self.rank}: {text}",
-                                culprit=self.rank, origin=text)
+                # is here (its link broke, it stalled, or it issued the odd op), not at the
+                # rank that says so
+                said = (f"reported by rank {p.rank}" if text.startswith("collective mismatch")
+                        else f"rank {p.rank} gave up on rank {self.rank}")
+                raise PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
             culprit = blamed if 0 <= blamed < self.size else p.rank
             raise PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
                             origin=text)
