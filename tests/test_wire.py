@@ -490,18 +490,25 @@ def test_bystander_saying_bye_is_not_a_failure() -> None:
     mesh.dispose()
 
 
-@pytest.mark.parametrize("sender, blamed, phrase", [
+STALL_TEXT = b"mccl all_reduce (op #1) on rank 2 failed: no data from rank 3"
+MISMATCH_TEXT = (b"collective mismatch: rank 1 issued op #1 broadcast(...), but rank 0 issued "
+                 b"op #1 all_reduce(...)")
+
+
+@pytest.mark.parametrize("sender, blamed, text, phrase", [
     # A bystander (rank 2) reports that rank 3 stalled: rank 3 is the culprit.
-    (2, 3, "reported by rank 2"),
+    (2, 3, STALL_TEXT, "reported by rank 2"),
     # The others gave up on rank 0 itself (say its link broke): the fault is rank 0's, not
     # that of the rank whose error frame happened to arrive first (seen on the H200: rank 1
     # named rank 0, a bystander, for the link it had cut itself).
-    (1, 0, "gave up on rank 0"),
+    (1, 0, STALL_TEXT, "gave up on rank 0"),
+    # A mismatch that names rank 0: nothing broke there, the report says what differed.
+    (1, 0, MISMATCH_TEXT, "reported by rank 1: collective mismatch"),
 ])
-def test_error_frame_names_the_culprit(sender: int, blamed: int, phrase: str) -> None:
+def test_error_frame_names_the_culprit(sender: int, blamed: int, text: bytes,
+                                       phrase: str) -> None:
     mesh, far = make_mesh(4, timeout_s=60.0)
     t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
-    text = b"mccl all_reduce (op #1) on rank 2 failed: no data from rank 3"
     far[sender].sendall(pack_header(ERROR, Signature(0, root=blamed), GROUP, 1, len(text))
                         + text)
     t.join(30)
