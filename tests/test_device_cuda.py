@@ -75,6 +75,10 @@ def _ops(rank: int, world: int) -> bool:
     rs = torch.empty(4, device=dev)
     dist.reduce_scatter_tensor(rs, torch.arange(world * 4, device=dev).float())
     assert torch.equal(rs, world * torch.arange(rank * 4, rank * 4 + 4, device=dev).float())
+    # complex reduces as (real, imaginary) float views of the same CUDA memory
+    zs = torch.empty(3, device=dev, dtype=torch.complex64)
+    dist.reduce_scatter_tensor(zs, torch.full((world * 3,), complex(1, rank), device=dev))
+    assert torch.equal(zs, torch.full((3,), complex(world, sum(range(world))), device=dev))
     b = torch.full((100_000,), float(rank), device=dev)
     dist.broadcast(b, src=world - 1)
     assert b.min().item() == world - 1
