@@ -360,6 +360,28 @@ def test_silent_peer_times_out() -> None:
     mesh.dispose()
 
 
+@pytest.mark.parametrize("peer_seq, we_send, hint", [
+    (0, False, True),   # the peer waits for us in a p2p op while we wait in op #1: ordering
+    (1, False, False),  # both in op #1: bytes lost on the way, not an ordering
+    (0, True, False),   # we sent the peer something after its report: it may have moved on
+])
+def test_timeout_says_when_the_silent_peer_waits_for_us(peer_seq: int, we_send: bool,
+                                                        hint: bool) -> None:
+    mesh, far = make_mesh(2, timeout_s=0.5, probe_s=0.05)
+    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    far[1].sendall(pack_header(STATE, SIG if peer_seq else Signature(0), GROUP, peer_seq, 4)
+                   + STATE_PAYLOAD.pack(0))
+    if we_send:
+        time.sleep(0.2)  # the receive has read the STATE frame by now
+        mesh.send(1, DATA, SIG, 2, np.zeros(4, dtype=np.int32))
+    t.join(30)
+    err = out.get("error")
+    assert isinstance(err, PeerError) and "group timeout" in str(err), err
+    assert ("each waits for the other" in str(err)) == hint, err
+    mesh.dispose()
+
+
 def test_close_unblocks_blocked_receive_and_later_sends() -> None:
     mesh, far = make_mesh(3, timeout_s=60.0)
     t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))

@@ -785,10 +785,12 @@ class Mesh:
 
     def _waits_on_us(self, p: Peer) -> str:
         """The silent peer's STATE, where it says the peer waits for this rank (and this rank
-        sent it nothing since): the two wait on each other, which a timeout alone does not
-        explain."""
+        sent it nothing since) in another op: the two wait on each other, which a timeout
+        alone does not explain. Both blocked in the same collective means bytes that never
+        arrived (a link lost in one direction), not an ordering, so no hint then."""
         st = p.state
-        if st is None or st[2] != self.rank or p.sent_since_state:
+        if (st is None or st[2] != self.rank or p.sent_since_state
+                or (st[0] and st[0] == self.cur_seq)):
             return ""
         what = (f"op #{st[0]} {describe_signature(st[1], self.describe)}" if st[0]
                 else "a point-to-point op")
