@@ -29,7 +29,7 @@ from .algorithms.base import Scratch
 from .device import Handoff
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature, pack_header
-from .transport.tcp import Mesh, MismatchError, PeerError
+from .transport.tcp import MISMATCH, Mesh, MismatchError, PeerError
 from .work import Work
 
 log = logging.getLogger("mccl.engine")
@@ -255,7 +255,8 @@ class Engine:
             job.work.fail(err)
             if not mesh.closed:
                 # Forward the original reason (not our wrapper) so messages do not nest; a
-                # mismatch's own text names both ops and ranks.
+                # mismatch's own text names both ops and ranks (and starts with MISMATCH, which
+                # tells the peers what it is).
                 reason = getattr(e, "origin", None) or (
                     str(e) if isinstance(e, MismatchError) else str(err))
                 mesh.fail(reason, err.peer, job.seq)
@@ -303,7 +304,7 @@ class Engine:
             what = f"the process group was {'aborted' if self._aborted else 'shut down'}"
         else:
             cause = str(e) or type(e).__name__
-            kind = "collective mismatch" if isinstance(e, MismatchError) else (
+            kind = MISMATCH if isinstance(e, MismatchError) else (
                 "peer failure" if isinstance(e, PeerError) else type(e).__name__)
             what = cause if cause.startswith(kind) else f"{kind}: {cause}"
         who = f" [peer rank {peer}]" if peer is not None else ""

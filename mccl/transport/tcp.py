@@ -104,11 +104,16 @@ class PeerError(ConnectionError):
         self.origin = origin
 
 
+#: What every MismatchError's text starts with: a peer that gets it in an error frame tells a
+#: mismatch (nothing broke) from a failure by it.
+MISMATCH = "collective mismatch"
+
+
 class MismatchError(RuntimeError):
     """Ranks issued different collectives at the same sequence number."""
 
     def __init__(self, peer: int, message: str):
-        super().__init__(message)
+        super().__init__(message if message.startswith(MISMATCH) else f"{MISMATCH}: {message}")
         self.peer = peer
         self.culprit = peer
 
@@ -592,7 +597,7 @@ class Mesh:
             if blamed == self.rank:  # this rank is the one the others gave up on: the fault
                 # is here (its link broke, it stalled, or it issued the odd op), not at the
                 # rank that says so
-                said = (f"reported by rank {p.rank}" if text.startswith("collective mismatch")
+                said = (f"reported by rank {p.rank}" if text.startswith(MISMATCH)
                         else f"rank {p.rank} gave up on rank {self.rank}")
                 raise PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
             culprit = blamed if 0 <= blamed < self.size else p.rank
