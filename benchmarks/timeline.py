@@ -397,10 +397,10 @@ def _send_limits(d: dict, world: int) -> dict:
     time, with the median RTT, congestion window and the receiver's window at op ends."""
     nxt = str(d.get("send_peer", (d["rank"] + 1) % world))
     infos = [i[nxt] for i in d["tcp"] if nxt in i]
-    ends = [t for t, kind, *_ in d["events"] if kind in ("start", "end")]
-    if len(infos) < 2 or len(ends) < 2:
+    op_bounds = [t for t, kind, *_ in d["events"] if kind in ("start", "end")]
+    if len(infos) < 2 or len(op_bounds) < 2:
         return {}
-    span_us = 1e6 * (ends[-1] - ends[0])
+    span_us = 1e6 * (op_bounds[-1] - op_bounds[0])  # first op's start to last op's end
     first, last = infos[0], infos[-1]
 
     def pct(key: str) -> float:

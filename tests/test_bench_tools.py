@@ -95,8 +95,8 @@ def test_timeline_finds_a_process_sockets_by_peer_address() -> None:
             busy.sendall(b"x" * 100_000)
             found = timeline.peer_sockets(["192.0.2.1", "127.0.0.1"])
             assert list(found) == [1]
-            assert timeline.tcp_info(found[1])["bytes_sent"] + \
-                timeline.tcp_info(found[1])["bytes_received"] >= 100_000
+            info = timeline.tcp_info(found[1])
+            assert info["bytes_sent"] + info["bytes_received"] >= 100_000
             for s in found.values():
                 s.close()
         finally:
