@@ -13,8 +13,12 @@ Finisher = Callable[[np.ndarray], None] | None
 
 #: Bounds on the chunk size chosen for a segment. The ring's fill and drain cost about one
 #: chunk time each, so the cap is kept small (1 MiB is 0.8 ms at 10 Gbit/s) while per-chunk
-#: Python work (~30 us) stays a few percent of it.
-MIN_CHUNK_BYTES = 64 << 10
+#: Python work (~30 us) stays a few percent of it. The floor is set by the thread that
+#: forwards chunks: a 64 KiB chunk is 52 us at 10 Gbit/s, but receiving, reducing and
+#: writing it (small writes go inline, see ``tcp.INLINE_MAX_BYTES``) took that thread about
+#: 80 us, so 1-2 MB ops ran at the thread's pace; from 128 KiB the writes go to the sender
+#: thread (eleventh session, benchmarks/results/h200/call_s11a).
+MIN_CHUNK_BYTES = 128 << 10
 MAX_CHUNK_BYTES = 1 << 20
 #: Chunks a segment is cut into between those bounds: at least two, so one is on the wire
 #: while the previous one is reduced.

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import (
-    MIN_CHUNK_BYTES,
     Channel,
     Finisher,
     Reducer,
@@ -35,6 +34,9 @@ PIECE_MIN_BYTES = 1 << 20
 #: Segment-sized buffers ``reduce_scatter``'s partial sums rotate through: before one is
 #: overwritten, the sends that read it that many steps earlier must have been written.
 REDUCE_SCATTER_SPARES = 2
+#: Chunk floor of the chain broadcast: its pipeline fills over w - 2 hops of one chunk time
+#: each, so its chunks stay smaller than the ring's (``MIN_CHUNK_BYTES``).
+BROADCAST_MIN_CHUNK_BYTES = 64 << 10
 
 
 def segment_chunks(n: int, w: int, itemsize: int, chunk_bytes: int | None = None) -> int:
@@ -317,7 +319,8 @@ def broadcast(ch: Channel, buf: np.ndarray, root: int, chunk_bytes: int | None =
         return
     nxt, prv = (r + 1) % w, (r - 1) % w
     pos = (r - root) % w
-    k = chunk_count(buf.nbytes, chunk_bytes or max(MIN_CHUNK_BYTES, min(1 << 20, buf.nbytes // 8)))
+    k = chunk_count(buf.nbytes, chunk_bytes or max(BROADCAST_MIN_CHUNK_BYTES,
+                                                   min(1 << 20, buf.nbytes // 8)))
     for c in chunks(buf, k):
         if not c.size:
             continue
