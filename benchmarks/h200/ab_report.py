@@ -1,5 +1,5 @@
 """Table and plot of an A/B run (benchmarks/h200/ab.sh): % of the ceiling per size, one line
-per variant, one panel per world size.
+per variant, one panel per op and world size.
 
     python benchmarks/h200/ab_report.py DIR --png ab.png > ab.md
 """
@@ -11,48 +11,63 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-def load(folder: Path) -> dict[tuple[str, int], dict[int, float]]:
-    """(variant, world) -> size -> % of ceiling, from the NAME-nN.json bench files."""
-    out: dict[tuple[str, int], dict[int, float]] = {}
+from mccl.bench.report import format_size  # noqa: E402
+
+#: (op, variant, world) -> size in bytes -> % of the ceiling
+Data = dict[tuple[str, str, int], dict[int, float]]
+
+
+def load(folder: Path) -> Data:
+    """Rows of the NAME-nN.json bench files, kept apart by op (a run may bench several)."""
+    out: Data = {}
     for path in sorted(folder.glob("*-n*.json")):
         name, world = path.stem.rsplit("-n", 1)
         doc = json.loads(path.read_text())
-        out[(name, int(world))] = {r["size"]: r["pct_ceiling"] for r in doc["rows"]
-                                   if r.get("pct_ceiling") is not None}
+        for r in doc["rows"]:
+            if r.get("pct_ceiling") is not None:
+                out.setdefault((r["op"], name, int(world)), {})[r["size"]] = r["pct_ceiling"]
     return out
 
 
-def table(data: dict[tuple[str, int], dict[int, float]]) -> str:
+def table(data: Data) -> str:
     sizes = sorted({s for v in data.values() for s in v})
-    head = "| variant | ranks | " + " | ".join(f"{s >> 20} MB" for s in sizes) + " |"
-    lines = [head, "|" + "---|" * (len(sizes) + 2)]
-    for (name, world), pct in sorted(data.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    head = "| op | variant | ranks | " + " | ".join(format_size(s) for s in sizes) + " |"
+    lines = [head, "|" + "---|" * (len(sizes) + 3)]
+    for (op, name, world), pct in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][2],
+                                                                       kv[0][1])):
         cells = " | ".join(f"{pct[s]:.1f}" if s in pct else "" for s in sizes)
-        lines.append(f"| {name} | {world} | {cells} |")
+        lines.append(f"| {op} | {name} | {world} | {cells} |")
     return "\n".join(lines)
 
 
-def plot(data: dict[tuple[str, int], dict[int, float]], png: Path) -> None:
+def plot(data: Data, png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    worlds = sorted({w for _, w in data})
-    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4), squeeze=False)
-    for ax, world in zip(axes[0], worlds, strict=True):
-        for (name, w), pct in sorted(data.items()):
-            if w == world:
-                xs = sorted(pct)
-                style = "k--" if name == "gloo" else "-o"
-                ax.plot([x >> 20 for x in xs], [pct[x] for x in xs], style, label=name)
-        ax.axhline(100, color="grey", lw=0.5)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("all_reduce size (MB)")
-        ax.set_ylabel("busbw, % of single-stream ceiling")
-        ax.set_title(f"{world} hosts, 10 Gbit/s")
-        ax.legend(fontsize=8)
+    ops = sorted({op for op, _, _ in data})
+    worlds = sorted({w for _, _, w in data})
+    fig, axes = plt.subplots(len(ops), len(worlds), figsize=(6 * len(worlds), 4 * len(ops)),
+                             squeeze=False)
+    for row, op in zip(axes, ops, strict=True):
+        for ax, world in zip(row, worlds, strict=True):
+            for (o, name, w), pct in sorted(data.items()):
+                if (o, w) == (op, world):
+                    xs = sorted(pct)
+                    style = "k--" if name == "gloo" else "-o"
+                    ax.plot(xs, [pct[x] for x in xs], style, label=name)
+            ax.axhline(100, color="grey", lw=0.5)
+            ax.set_xscale("log", base=2)
+            ticks = sorted({s for (o, _, w), v in data.items() if (o, w) == (op, world)
+                            for s in v})
+            ax.set_xticks(ticks, [format_size(t) for t in ticks])
+            ax.set_xlabel(f"{op} size")
+            ax.set_ylabel("busbw, % of single-stream ceiling")
+            ax.set_title(f"{op}, {world} hosts")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
 
