@@ -36,6 +36,9 @@ log = logging.getLogger("mccl.engine")
 
 #: At shutdown after a failure, how long queued error frames get to reach the peers.
 ERROR_FLUSH_S = 1.0
+#: At a clean shutdown, how long a rank waits for its peers' BYE to read what they sent and it
+#: did not (``Mesh.unread``: a mismatch that no later op would have revealed is logged).
+UNREAD_GRACE_S = 1.0
 #: Issue a queued op's first sends while the op before it receives its last segment.
 EARLY_START = True
 #: ``Engine._next`` when no job was taken off the queue ahead of its turn.
@@ -352,4 +355,7 @@ class Engine:
                 pass
             if self.error is None:
                 mesh.say_bye(deadline)
+                for finding in mesh.unread(UNREAD_GRACE_S):
+                    log.error("mccl group '%s', rank %d, at shutdown: %s", self.label,
+                              mesh.rank, finding)
         mesh.dispose()

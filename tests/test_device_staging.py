@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from mccl.algorithms import ring
+from mccl.algorithms import base, ring
 from mccl.algorithms.base import split
 from mccl.algorithms.ring import PIECE_MAX_BYTES, copy_plan, first_use
 from mccl.bench.spawn import run_ranks
@@ -558,8 +558,10 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
     from mccl import collectives
 
     # test hooks in the rank process: stage range by range from just above the doubling
-    # switch, in pieces small enough that these segments are cut (else they are copied whole)
+    # switch, in chunks and pieces small enough that these segments are cut (else they are
+    # copied whole)
     staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
+    base.MIN_CHUNK_BYTES = 32 << 10
     ring.PIECE_MIN_BYTES = 16 << 10
     adapter = install_fake_staging(False)
     ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]

@@ -315,3 +315,68 @@ def test_ranks_waiting_on_each_other_are_told_so() -> None:
         assert "group timeout" in msg and "each waits for the other" in msg, f"{rank}: {msg}"
     assert any(f"rank {1 - r} last reported waiting for rank {r}" in m
                for r, m in enumerate(msgs)), msgs
+
+
+#: Scenarios of ``_unread_at_shutdown``: op after a normal all-reduce, then the group is
+#: destroyed with no later op that could trip over the stray data.
+UNREAD_CASES = ("own roots", "extra op", "unreceived send", "clean")
+
+
+def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
+    """Per scenario, on a fresh subgroup: what this rank's 'mccl' logger reported at ERROR
+    while the group was destroyed."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    found: dict[str, list[str]] = {}
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.getMessage())
+
+    logging.getLogger("mccl").addHandler(Keep(logging.ERROR))
+    for case in UNREAD_CASES:
+        g = dist.new_group(list(range(world)))
+        t = torch.full((4,), float(rank))
+        dist.all_reduce(t, group=g)
+        if case == "own roots":  # every rank names itself: each completes, sending only
+            dist.broadcast(t, src=rank, group=g)
+        elif case == "extra op" and rank == 0:  # only rank 0 issues it
+            dist.broadcast(t, src=0, group=g)
+        elif case == "unreceived send" and rank == 0:
+            dist.send(t, dst=1, group=g)
+        elif case == "clean":
+            dist.broadcast(t, src=0, group=g)
+        kept.clear()
+        dist.destroy_process_group(g)
+        found[case] = list(kept)
+    return found
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_stray_data_is_reported_at_shutdown(world: int) -> None:
+    """An op that only sends completes on every rank even when the ranks disagree (each its
+    own broadcast root, a broadcast only rank 0 issued, a send nobody receives); with no later
+    op the data would go unread silently. Destroying the group reads what the peers sent up
+    to their BYE and logs each finding as an error; a clean group logs nothing."""
+    found = run_ranks(_unread_at_shutdown, world, timeout=120)
+    for rank, by_case in enumerate(found):
+        assert by_case["clean"] == [], f"rank {rank}: {by_case['clean']}"
+        own = by_case["own roots"]
+        assert own and all("collective mismatch" in m and "broadcast" in m for m in own), (
+            f"rank {rank}: {own}")
+        extra = by_case["extra op"]
+        if rank == 0:
+            assert extra == [], extra
+        else:
+            assert len(extra) == 1 and "rank 0 issued op #2" in extra[0], extra
+            assert "never issued" in extra[0], extra
+        sent = by_case["unreceived send"]
+        if rank == 1:
+            assert len(sent) == 1 and "point-to-point message" in sent[0], sent
+            assert "never received" in sent[0] and "rank 0 sent rank 1" in sent[0], sent
+        else:
+            assert sent == [], sent

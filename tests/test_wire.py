@@ -38,7 +38,7 @@ from mccl.transport.framing import (
 )
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
 from mccl.transport.tcp import Mesh, MismatchError, PeerError
-from tests.threads import in_thread
+from tests.threads import in_thread, on_thread
 
 FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -552,6 +552,26 @@ def test_probe_of_a_different_op_is_a_mismatch() -> None:
     err = out.get("error")
     assert isinstance(err, MismatchError) and err.peer == 2
     assert "op #1" in str(err) and "rank 2" in str(err)
+    mesh.dispose()
+
+
+def test_unread_at_shutdown_reports_strays_and_not_departures() -> None:
+    """``Mesh.unread`` after this rank's BYE: a peer that says BYE, or that exits without
+    one, is no finding; a probe for an op this rank never issued, and an error report, are.
+    A peer that stays silent is given up on after the grace period."""
+    mesh, far = make_mesh(6, timeout_s=60.0)
+    mesh.begin_op(1, SIG)
+    mesh.end_op()
+    bye = pack_header(BYE, Signature(0), GROUP, 0, 0)
+    far[1].sendall(bye)
+    far[2].close()
+    far[3].sendall(pack_header(STATE, SIG, GROUP, 5, 4) + STATE_PAYLOAD.pack(0) + bye)
+    far[4].sendall(pack_header(ERROR, Signature(0, root=4), GROUP, 1, 4) + b"boom")
+    # far[5] stays open and silent
+    found = on_thread(lambda: mesh.unread(0.3))
+    assert len(found) == 2, found
+    assert "rank 3 issued op #5" in found[0] and "never issued" in found[0], found
+    assert "reported by rank 4: boom" in found[1], found
     mesh.dispose()
 
 

@@ -838,6 +838,28 @@ class Mesh:
         q.eof = True
         return True
 
+    def _peek_header(self, q: Peer) -> Header | None:
+        """The header of ``q``'s next frame if all of it has arrived, left in the socket (None:
+        not yet, or the end of the stream after a BYE, which sets ``q.eof``). A dead or
+        garbled connection raises PeerError."""
+        try:
+            raw = q.sock.recv(HEADER_SIZE, _PEEK)
+        except _TIMEOUTS:
+            return None
+        except OSError as e:
+            raise q._conn_error(e) from e
+        if not raw:
+            if q.bye:
+                q.eof = True
+                return None
+            raise q._closed_error()
+        if len(raw) < HEADER_SIZE:
+            return None
+        try:
+            return unpack_header(raw)
+        except FrameError as e:
+            raise PeerError(q.rank, f"malformed frame from rank {q.rank}: {e}") from e
+
     def _poll(self, awaited: Peer | None) -> None:
         """Read what the other peers sent without blocking: error frames and probes are handled,
         small frames stashed, EOF without a BYE (a dead process) raises."""
@@ -847,23 +869,9 @@ class Mesh:
                 if q is None or q is awaited or q.eof:
                     continue
                 for _ in range(POLL_FRAMES):
-                    try:
-                        raw = q.sock.recv(HEADER_SIZE, _PEEK)
-                    except _TIMEOUTS:
+                    peeked = self._peek_header(q)
+                    if peeked is None:
                         break
-                    except OSError as e:
-                        raise q._conn_error(e) from e
-                    if not raw:
-                        if q.bye:
-                            q.eof = True
-                            break
-                        raise q._closed_error()
-                    if len(raw) < HEADER_SIZE:
-                        break
-                    try:
-                        peeked = unpack_header(raw)
-                    except FrameError as e:
-                        raise PeerError(q.rank, f"malformed frame from rank {q.rank}: {e}") from e
                     if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
                         if peeked.kind == DATA:
                             self._check_early(q, peeked)
@@ -871,6 +879,84 @@ class Mesh:
                     self._stash(q, self._header(q))
         finally:
             self._polling = False
+
+    # ---- what the peers sent that was never read (clean shutdown) ----
+    def unread(self, grace_s: float) -> list[str]:
+        """After a clean shutdown's BYE: what the peers sent that this rank never read, up to
+        each peer's own BYE (waited for at most ``grace_s``; a peer still busy by then is
+        skipped). Why: an op that only sends on some ranks (a small broadcast whose ranks
+        named different roots) completes everywhere, and without a later op to trip over its
+        data the mismatch would pass silently. Returns one explanation per finding: data of an
+        op this rank issued differently or never, a peer's probe for such an op, a
+        point-to-point message nobody received, a peer's error report. Only the shutting-down
+        thread may call this (the comm thread has stopped)."""
+        found = [self._unread_text(p, hdr) for p in self._live()
+                 for hdr, _ in (*p.coll_stash, *p.p2p_stash)]
+        found += [self._never_issued(r, seq, sig) for seq, probes in sorted(self._ahead.items())
+                  for r, sig in probes]
+        deadline = time.monotonic() + grace_s
+        self._polling = True  # a stalled read here must not probe or poll
+        try:
+            with selectors.DefaultSelector() as sel:
+                for p in self._live():
+                    if not (p.bye or p.eof) and not self._scan(p, found):
+                        sel.register(p.sock, selectors.EVENT_READ, p)
+                while sel.get_map():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.debug("rank %d: no BYE from ranks %s within %.1fs of shutdown",
+                                  self.rank, sorted(k.data.rank for k in
+                                                    sel.get_map().values()), grace_s)
+                        break
+                    for key, _ in sel.select(left):
+                        if self._scan(key.data, found):
+                            sel.unregister(key.fileobj)
+        finally:
+            self._polling = False
+        return list(dict.fromkeys(found))  # a stray op's chunks explain it once
+
+    def _scan(self, p: Peer, found: list[str]) -> bool:
+        """Read ``p``'s frames that have arrived; True once there is nothing more to learn from
+        it (its BYE, the end of its stream, or a finding added to ``found``)."""
+        for _ in range(POLL_FRAMES):
+            try:
+                hdr = self._peek_header(p)
+            except PeerError:  # gone without a BYE (exited without shutting down): not a
+                return True    # finding, and nothing more to read
+            if hdr is None:
+                return p.eof
+            if hdr.kind in (DATA, P2P):
+                found.append(self._unread_text(p, hdr))
+                return True
+            try:
+                self._header(p)  # a control frame: STATE is checked, BYE noted, ERROR raises
+            except (PeerError, MismatchError) as e:
+                found.append(str(e))
+                return True
+            if hdr.kind == STATE and hdr.seq > max(self.cur_seq, self.done_seq):
+                found.append(self._never_issued(p.rank, hdr.seq, hdr.sig))  # it waits there
+                return True
+            if p.bye:
+                return True
+        return False
+
+    def _unread_text(self, p: Peer, hdr: Header) -> str:
+        if hdr.kind == P2P:
+            return (f"rank {p.rank} sent rank {self.rank} a point-to-point message (tag "
+                    f"{hdr.sig.root}, {hdr.length} bytes) that rank {self.rank} never received")
+        if hdr.seq > self.done_seq:
+            return self._never_issued(p.rank, hdr.seq, hdr.sig)
+        mine = self._issued(hdr.seq)
+        if mine is not None and mine != hdr.sig:
+            return self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq, hdr.sig)
+        return (f"rank {p.rank} sent rank {self.rank} data for op #{hdr.seq} "
+                f"{describe_signature(hdr.sig, self.describe)} that rank {self.rank} "
+                "completed without reading it")
+
+    def _never_issued(self, r: int, seq: int, sig: Signature) -> str:
+        return (f"{MISMATCH}: rank {r} issued op #{seq} {describe_signature(sig, self.describe)}"
+                f", which rank {self.rank} never issued (it completed {self.done_seq} "
+                "collectives before shutting the group down)")
 
     # ---- failure and shutdown ----
     def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
