@@ -954,9 +954,11 @@ class Mesh:
                 "completed without reading it")
 
     def _never_issued(self, r: int, seq: int, sig: Signature) -> str:
+        last = (f"its last was op #{self.done_seq}" if self.done_seq
+                else "it issued no collective")
         return (f"{MISMATCH}: rank {r} issued op #{seq} {describe_signature(sig, self.describe)}"
-                f", which rank {self.rank} never issued (it completed {self.done_seq} "
-                "collectives before shutting the group down)")
+                f", which rank {self.rank} never issued ({last} before shutting the group "
+                "down)")
 
     # ---- failure and shutdown ----
     def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
