@@ -467,3 +467,27 @@ def test_ab_settings_apply_and_restore() -> None:
     assert sys.getswitchinterval() == interval
     with pytest.raises(KeyError, match="nope"):
         mccl_ab.apply("nope=1")
+
+
+def test_ab_report_keeps_the_ops_of_one_run_apart(tmp_path: Path) -> None:
+    """An A/B run that benches several ops: the table has a row per op, variant and world
+    (it once kept only the op benched last) and names sizes under 1 MB."""
+    rows = [{"op": op, "size": size, "pct_ceiling": pct} for op, size, pct in
+            (("all_reduce", 512 << 10, 80.0), ("all_reduce", 1 << 20, 90.0),
+             ("all_gather", 512 << 10, 70.0), ("all_gather", 1 << 20, 60.0))]
+    (tmp_path / "new-n4.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "gloo-n4.json").write_text(json.dumps({"rows": rows[:2]}))
+    sys.path.insert(0, str(REPO / "benchmarks" / "h200"))
+    try:
+        import ab_report
+    finally:
+        sys.path.remove(str(REPO / "benchmarks" / "h200"))
+    table = ab_report.table(ab_report.load(tmp_path))
+    lines = table.splitlines()
+    assert "512K" in lines[0] and "1M" in lines[0], lines[0]
+    assert "| all_gather | new | 4 | 70.0 | 60.0 |" in lines, table
+    assert "| all_reduce | new | 4 | 80.0 | 90.0 |" in lines, table
+    assert "| all_reduce | gloo | 4 | 80.0 | 90.0 |" in lines, table
+    assert len(lines) == 2 + 3, table
+    ab_report.plot(ab_report.load(tmp_path), tmp_path / "ab.png")
+    assert (tmp_path / "ab.png").stat().st_size > 0
