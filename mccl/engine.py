@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +44,19 @@ UNREAD_GRACE_S = 1.0
 EARLY_START = True
 #: ``Engine._next`` when no job was taken off the queue ahead of its turn.
 _NO_JOB = object()
+
+
+def _shown(logger: logging.Logger) -> bool:
+    """Does a record at ERROR from ``logger`` reach a handler that writes it somewhere? (The
+    package's own NullHandler keeps Python's last-resort handler quiet.)"""
+    if not logger.isEnabledFor(logging.ERROR):
+        return False
+    c: logging.Logger | None = logger
+    while c is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in c.handlers):
+            return True
+        c = c.parent if c.propagate else None
+    return False
 
 
 class OpChannel:
@@ -322,8 +336,11 @@ class Engine:
             op=job.name, peer=self.error.peer)
 
     def _report_unread(self) -> None:
-        """Log what the peers sent that this rank never read (``Mesh.unread``): a mismatch
-        that no later op revealed. A diagnostic: it never makes the shutdown fail."""
+        """Report what the peers sent that this rank never read (``Mesh.unread``): a mismatch
+        that no later op revealed. Logged at ERROR where the application's logging shows
+        the 'mccl' logger, else issued as a RuntimeWarning, which Python shows by default:
+        raising would stop torch's destroy_process_group halfway through its groups. A scan
+        error never fails the shutdown."""
         mesh = self.mesh
         try:
             findings = mesh.unread(UNREAD_GRACE_S)
@@ -332,8 +349,11 @@ class Engine:
                       exc_info=True)
             return
         for finding in findings:
-            log.error("mccl group '%s', rank %d, at shutdown: %s", self.label, mesh.rank,
-                      finding)
+            text = f"mccl group '{self.label}', rank {mesh.rank}, at shutdown: {finding}"
+            if _shown(log):
+                log.error("%s", text)
+            else:
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
 
     def shutdown(self, abort: bool = False, drain_s: float = 5.0) -> None:
         """Stop the comm thread. Without ``abort``, queued ops finish first (bounded by

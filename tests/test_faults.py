@@ -326,6 +326,7 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
     """Per scenario, on a fresh subgroup: what this rank's 'mccl' logger reported at ERROR
     while the group was destroyed."""
     import logging
+    import warnings
 
     import torch
     import torch.distributed as dist
@@ -337,7 +338,8 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         def emit(self, record: logging.LogRecord) -> None:
             kept.append(record.getMessage())
 
-    logging.getLogger("mccl").addHandler(Keep(logging.ERROR))
+    keep = Keep(logging.ERROR)
+    logging.getLogger("mccl").addHandler(keep)
     for case in UNREAD_CASES:
         g = dist.new_group(list(range(world)))
         t = torch.full((4,), float(rank))
@@ -353,6 +355,14 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         kept.clear()
         dist.destroy_process_group(g)
         found[case] = list(kept)
+    # no logging set up that would show the 'mccl' logger: a RuntimeWarning instead
+    logging.getLogger("mccl").removeHandler(keep)
+    g = dist.new_group(list(range(world)))
+    dist.broadcast(torch.zeros(4), src=rank, group=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.destroy_process_group(g)
+    found["warned"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
     return found
 
 
@@ -361,10 +371,13 @@ def test_stray_data_is_reported_at_shutdown(world: int) -> None:
     """An op that only sends completes on every rank even when the ranks disagree (each its
     own broadcast root, a broadcast only rank 0 issued, a send nobody receives); with no later
     op the data would go unread silently. Destroying the group reads what the peers sent up
-    to their BYE and logs each finding as an error; a clean group logs nothing."""
+    to their BYE and logs each finding as an error (a RuntimeWarning where no logging shows
+    the 'mccl' logger); a clean group reports nothing."""
     found = run_ranks(_unread_at_shutdown, world, timeout=120)
     for rank, by_case in enumerate(found):
         assert by_case["clean"] == [], f"rank {rank}: {by_case['clean']}"
+        warned = by_case["warned"]
+        assert warned and all("collective mismatch" in m for m in warned), (rank, warned)
         own = by_case["own roots"]
         assert own and all("collective mismatch" in m and "broadcast" in m for m in own), (
             f"rank {rank}: {own}")
