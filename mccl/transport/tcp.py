@@ -888,8 +888,9 @@ class Mesh:
         named different roots) completes everywhere, and without a later op to trip over its
         data the mismatch would pass silently. Returns one explanation per finding: data of an
         op this rank issued differently or never, a peer's probe for such an op, a
-        point-to-point message nobody received, a peer's error report. Only the shutting-down
-        thread may call this (the comm thread has stopped)."""
+        point-to-point message nobody received. (A peer's error report is none: that peer
+        raised it to its own caller.) Only the shutting-down thread may call this (the comm
+        thread has stopped)."""
         found = [self._unread_text(p, hdr) for p in self._live()
                  for hdr, _ in (*p.coll_stash, *p.p2p_stash)]
         found += [self._never_issued(r, seq, sig) for seq, probes in sorted(self._ahead.items())
@@ -930,8 +931,10 @@ class Mesh:
                 return True
             try:
                 self._header(p)  # a control frame: STATE is checked, BYE noted, ERROR raises
-            except (PeerError, MismatchError) as e:
+            except MismatchError as e:
                 found.append(str(e))
+                return True
+            except PeerError:  # the peer failed and said so: it raised there, to its caller
                 return True
             if hdr.kind == STATE and hdr.seq > max(self.cur_seq, self.done_seq):
                 found.append(self._never_issued(p.rank, hdr.seq, hdr.sig))  # it waits there
