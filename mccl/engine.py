@@ -38,7 +38,7 @@ log = logging.getLogger("mccl.engine")
 #: At shutdown after a failure, how long queued error frames get to reach the peers.
 ERROR_FLUSH_S = 1.0
 #: At a clean shutdown, how long a rank waits for its peers' BYE to read what they sent and it
-#: did not (``Mesh.unread``: a mismatch that no later op would have revealed is logged).
+#: did not (``Mesh.unread``: a mismatch that no later op would have revealed is reported).
 UNREAD_GRACE_S = 1.0
 #: Issue a queued op's first sends while the op before it receives its last segment.
 EARLY_START = True
@@ -350,10 +350,13 @@ class Engine:
             return
         for finding in findings:
             text = f"mccl group '{self.label}', rank {mesh.rank}, at shutdown: {finding}"
-            if _shown(log):
-                log.error("%s", text)
-            else:
-                warnings.warn(text, RuntimeWarning, stacklevel=2)
+            if not _shown(log):
+                try:
+                    warnings.warn(text, RuntimeWarning, stacklevel=2)
+                    continue
+                except Warning:  # warnings made errors (-W error): still never fail here
+                    pass
+            log.error("%s", text)
 
     def shutdown(self, abort: bool = False, drain_s: float = 5.0) -> None:
         """Stop the comm thread. Without ``abort``, queued ops finish first (bounded by

@@ -363,6 +363,12 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         warnings.simplefilter("always")
         dist.destroy_process_group(g)
     found["warned"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    # warnings made errors (python -W error): the finding must not make the destroy raise
+    g = dist.new_group(list(range(world)))
+    dist.broadcast(torch.zeros(4), src=rank, group=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist.destroy_process_group(g)
     return found
 
 
