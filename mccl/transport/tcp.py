@@ -492,16 +492,24 @@ class Mesh:
         return h[1] if h is not None and h[0] == seq else None
 
     def _compare(self, r: int, seq: int, theirs: Signature) -> None:
-        mine = self._issued(seq)
-        if mine is not None and mine != theirs:
-            raise MismatchError(r, self._mismatch_text(r, seq, mine, seq, theirs))
+        differs = self._issued_otherwise(r, seq, theirs)
+        if differs is not None:
+            raise MismatchError(r, differs)
 
     def _mismatch_text(self, r: int, seq: int, mine: Signature, their_seq: int,
                        theirs: Signature) -> str:
         d = self.describe
-        return (f"collective mismatch: rank {self.rank} issued op #{seq} "
+        return (f"{MISMATCH}: rank {self.rank} issued op #{seq} "
                 f"{describe_signature(mine, d)}, but rank {r} issued op #{their_seq} "
                 f"{describe_signature(theirs, d)}")
+
+    def _issued_otherwise(self, r: int, seq: int, theirs: Signature) -> str | None:
+        """The mismatch text if this rank issued op ``seq`` with another signature than rank
+        ``r`` did (None: the same, or too long ago to tell)."""
+        mine = self._issued(seq)
+        if mine is None or mine == theirs:
+            return None
+        return self._mismatch_text(r, seq, mine, seq, theirs)
 
     # ---- sends ----
     def send(self, peer: int, kind: int, sig: Signature, seq: int, payload, tag: int = 0,
@@ -635,14 +643,7 @@ class Mesh:
     def _check_early(self, p: Peer, hdr: Header) -> None:
         """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
         if hdr.seq <= self.done_seq and hdr.seq != self.cur_seq:
-            mine = self._issued(hdr.seq)
-            if mine is not None and mine != hdr.sig:
-                raise MismatchError(p.rank, self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq,
-                                                                hdr.sig))
-            raise MismatchError(
-                p.rank, f"collective mismatch: rank {p.rank} sent rank {self.rank} data for op "
-                        f"#{hdr.seq} {describe_signature(hdr.sig, self.describe)} that rank "
-                        f"{self.rank} did not expect (it completed that op)")
+            raise MismatchError(p.rank, self._completed_text(p, hdr))
         if hdr.seq == self.cur_seq and hdr.sig != self.cur_sig:
             raise MismatchError(p.rank, self._mismatch_text(p.rank, hdr.seq, self.cur_sig,
                                                             hdr.seq, hdr.sig))
@@ -655,7 +656,7 @@ class Mesh:
         if hdr.length != nbytes:
             raise MismatchError(
                 p.rank,
-                f"collective mismatch in op #{seq} {describe_signature(sig, self.describe)}: "
+                f"{MISMATCH} in op #{seq} {describe_signature(sig, self.describe)}: "
                 f"rank {p.rank} sent {hdr.length} bytes where rank {self.rank} expects {nbytes}",
             )
 
@@ -665,13 +666,13 @@ class Mesh:
         if hdr.seq == seq:
             return self._mismatch_text(p.rank, seq, sig, seq, hdr.sig)
         if hdr.seq < seq:  # a frame of an op this rank completed without it
-            mine = self._issued(hdr.seq)
-            if mine is not None and mine != hdr.sig:
-                return self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq, hdr.sig)
-            return (f"collective mismatch: rank {p.rank} sent data of op #{hdr.seq} "
+            differs = self._issued_otherwise(p.rank, hdr.seq, hdr.sig)
+            if differs is not None:
+                return differs
+            return (f"{MISMATCH}: rank {p.rank} sent data of op #{hdr.seq} "
                     f"{describe_signature(hdr.sig, d)} that rank {self.rank} completed without "
                     f"it; rank {self.rank} is at op #{seq} {describe_signature(sig, d)}")
-        return (f"collective mismatch: rank {self.rank} issued op #{seq} "
+        return (f"{MISMATCH}: rank {self.rank} issued op #{seq} "
                 f"{describe_signature(sig, d)}, but rank {p.rank} completed that op without "
                 f"rank {self.rank}'s data and already sent data of its op #{hdr.seq} "
                 f"{describe_signature(hdr.sig, d)}: it issued a different op #{seq}")
@@ -949,12 +950,14 @@ class Mesh:
                     f"{hdr.sig.root}, {hdr.length} bytes) that rank {self.rank} never received")
         if hdr.seq > self.done_seq:
             return self._never_issued(p.rank, hdr.seq, hdr.sig)
-        mine = self._issued(hdr.seq)
-        if mine is not None and mine != hdr.sig:
-            return self._mismatch_text(p.rank, hdr.seq, mine, hdr.seq, hdr.sig)
-        return (f"rank {p.rank} sent rank {self.rank} data for op #{hdr.seq} "
-                f"{describe_signature(hdr.sig, self.describe)} that rank {self.rank} "
-                "completed without reading it")
+        return self._completed_text(p, hdr)
+
+    def _completed_text(self, p: Peer, hdr: Header) -> str:
+        """Explain a collective frame of an op this rank already completed without it."""
+        return self._issued_otherwise(p.rank, hdr.seq, hdr.sig) or (
+            f"{MISMATCH}: rank {p.rank} sent rank {self.rank} data for op #{hdr.seq} "
+            f"{describe_signature(hdr.sig, self.describe)} that rank {self.rank} did not "
+            "expect (it completed that op)")
 
     def _never_issued(self, r: int, seq: int, sig: Signature) -> str:
         last = (f"its last was op #{self.done_seq}" if self.done_seq
