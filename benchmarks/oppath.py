@@ -33,7 +33,7 @@ from mccl.bench.spawn import run_ranks  # noqa: E402
 #: The process group method each torch.distributed call reaches.
 PG_METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_flat",
               "reduce_scatter": "_reduce_scatter_flat"}
-STAGES = ("pg", "submit", "execute", "body", "first_send", "returned")
+STAGES = ("pg", "submit", "execute", "body", "first_send", "last_got", "returned")
 WARMUP_OPS = 10
 ROUNDS = 4  # with --variants: each variant runs reps/ROUNDS ops per round
 
@@ -82,6 +82,13 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
     stamp(engine.Engine, "submit", "submit")
     stamp(engine.Engine, "_execute", "execute", wrap_body=True)
     stamp(engine.OpChannel, "send", "first_send")
+    recv0 = engine.OpChannel.recv
+
+    def recv(self, peer, buf):  # "last_got": when the op's last receive returned
+        recv0(self, peer, buf)
+        st["last_got"] = now()
+
+    engine.OpChannel.recv = recv
     dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
     n = element_count(op, size, world, 4)
     full = torch.ones(n, device=dev)

@@ -78,13 +78,16 @@ class FakeAsyncOps(HostOps):
 
     With ``copy_out_on_caller`` it models a one-stream device (MPS): copies go on ``current``,
     in order with the producer's kernels. With ``stream_ordered`` the side stream waits for
-    the producer's marker itself (CUDA's ``order_after``) instead of the comm thread.
+    the producer's marker itself (CUDA's ``order_after``) instead of the comm thread; with
+    ``copies_in_order`` the hand-off relies on the one copy stream's order to reuse pooled
+    host buffers (CUDA's ``copies_in_order``).
     """
 
     def __init__(self, copy_out_on_caller: bool = False, copy_delay: float = 0.0,
-                 stream_ordered: bool = False):
+                 stream_ordered: bool = False, copies_in_order: bool = False):
         self.copy_out_on_caller = copy_out_on_caller
         self.stream_ordered = stream_ordered
+        self.copies_in_order = copies_in_order  # True as CUDA: the pool skips its fence wait
         self.current = FakeStream("current")
         self.side = FakeStream("side")
         self.copy_stream = self.current if copy_out_on_caller else self.side

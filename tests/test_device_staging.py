@@ -41,9 +41,10 @@ def test_comm_thread_waits_for_the_producer_marker() -> None:
 
 
 def test_side_stream_can_wait_for_the_producer_marker_instead() -> None:
-    """CUDA's order: the side stream waits for the marker, the comm thread only for the copy
-    out; what it reads is still the produced value, and outputs copied back land after the
-    producer's kernels."""
+    """CUDA's order: the side stream waits for the marker, so the copies are enqueued before
+    the producer is done; the comm thread then sleeps on the marker itself (the long wait) and
+    only after it on the copy's fence (which may spin); what it reads is still the produced
+    value, and outputs copied back land after the producer's kernels."""
     adapter, ops = _adapter(copy_delay=0.001, stream_ordered=True)
     t, out = torch.zeros(1000), torch.zeros(10)
     slow_fill(ops.current, t, 3.0, delay=0.1)
@@ -58,9 +59,23 @@ def test_side_stream_can_wait_for_the_producer_marker_instead() -> None:
 
     hosts = on_thread(comm)
     assert torch.equal(hosts[0], torch.full((1000,), 3.0))
-    assert ops.ready_events[0].sync_threads == ["fake-side"]
+    assert sorted(ops.ready_events[0].sync_threads) == ["comm", "fake-side"]
+    out_fence = ops.fences[0]
+    assert out_fence.sync_threads == ["comm"]
     ops.side.synchronize()
     assert torch.equal(out, torch.full((10,), 7.0))
+
+
+def test_comm_thread_sleeps_on_a_passed_marker_never() -> None:
+    """Where the producer is already done, the comm thread waits for its copies only."""
+    adapter, ops = _adapter(copy_delay=0.001, stream_ordered=True)
+    t = torch.full((100,), 2.0)
+    h = adapter.prepare([t], [True], [True])
+    ops.current.synchronize()  # the marker has passed
+    hosts = on_thread(h.acquire)
+    assert torch.equal(hosts[0], t)
+    assert "comm" not in ops.ready_events[0].sync_threads
+    assert ops.fences[0].sync_threads == ["comm"]
 
 
 def test_copy_back_is_fenced_and_gates_the_consumer() -> None:
@@ -154,6 +169,35 @@ def test_host_buffers_are_pooled_and_reused_only_after_their_fence() -> None:
     assert adapter.pool.held_bytes == 256 * 4
     # every copy-back fence but the last was waited on by the next op's take()
     assert all(f.syncs >= 1 for f in ops.fences[1:-1:2])
+
+
+def test_in_order_copies_reuse_pooled_buffers_without_waiting_on_the_copy_back() -> None:
+    """CUDA's case: every copy runs in order on the side stream, so a buffer given back behind
+    a slow copy back is taken again at once. The next op's copy out queues behind that copy
+    back, and the CPU touches the buffer only after its own fence: a write-only output (no
+    copy out, the CPU writes the whole buffer) must not reach the earlier op's tensor."""
+    adapter, ops = _adapter(copy_delay=0.02, stream_ordered=True, copies_in_order=True)
+    a, b = torch.full((256,), 1.0), torch.zeros(256)
+    ha = adapter.prepare([a], [True], [True])
+
+    def comm_a() -> None:
+        ha.acquire()[0].add_(1)
+        ha.release()
+
+    on_thread(comm_a)
+    back = ops.fences[-1]  # a's copy back, still running (copy_delay)
+    hb = adapter.prepare([b], [False], [True])
+
+    def comm_b() -> None:
+        hb.acquire()[0].fill_(7.0)
+        hb.release()
+
+    on_thread(comm_b)
+    ops.side.synchronize()
+    assert torch.equal(a, torch.full((256,), 2.0))  # a's result, not b's bytes
+    assert torch.equal(b, torch.full((256,), 7.0))
+    assert ops.host_allocs == 1  # b took a's buffer
+    assert back.syncs == 0  # ... without the pool waiting for a's copy back
 
 
 def test_pool_waits_for_the_fence_of_a_returned_buffer() -> None:

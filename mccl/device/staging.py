@@ -13,9 +13,10 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
   (``PendingWrites``): then the comm thread copies out in ``acquire``, after that copy back
   (torch leaves reusing a tensor before its op completed undefined; mccl keeps issue order).
 * comm thread, ``acquire``: order after that marker only (``ops.order_after``: CUDA makes its
-  side stream wait for it on the GPU, so no thread sleeps on the producer's kernels); copy
-  device -> host on the adapter's own side stream (``ops.copy_context``) and wait for that
-  copy; return the host tensors.
+  side stream wait for it on the GPU, so the copies are enqueued at once); copy device -> host
+  on the adapter's own side stream (``ops.copy_context``) and wait for that copy (sleeping on
+  the producer's marker first if it has not passed, then on the copy's fence, which may spin:
+  ``_await``); return the host tensors.
 * comm thread, ``release``: copy host -> device on the side stream and record ``done``;
   host buffers go back to the pool fenced by ``done`` (reused only once the copy finished).
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
@@ -85,6 +86,12 @@ class DeviceOps(Protocol):
 
     #: True where the comm thread must not enqueue copies (they run in ``prepare`` instead).
     copy_out_on_caller: bool
+    #: True where every copy of a hand-off runs in issue order on one stream (CUDA's side
+    #: stream): a host buffer given back behind its copy back may be taken again at once,
+    #: since the next op's copies queue behind that copy, and the CPU reads or writes the
+    #: buffer only after waiting for a fence recorded after them (``acquire``,
+    #: ``wait_range``). Elsewhere ``HostPool.take`` waits for the copy back first.
+    copies_in_order: bool
 
     def ready(self) -> Fence | None:
         """Caller's thread: marker after the work already queued on the current stream."""
@@ -105,7 +112,9 @@ class DeviceOps(Protocol):
         ...
 
     def fence(self) -> Fence | None:
-        """Marker after the copies enqueued so far in ``copy_context`` (None: already done)."""
+        """Marker after the copies enqueued so far in ``copy_context`` (None: already done).
+        Waiting on it may spin: the hand-off waits for the producer's marker (``ready``, which
+        must sleep) before it waits for a fence."""
         ...
 
     def gate(self, done: Fence | None) -> Callable[[], None] | None:
@@ -233,6 +242,7 @@ class StagingHandoff:
         if ops.copy_out_on_caller and not after_writes:
             self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
+        self._ready_slept = False  # _await has waited for the producer's marker
 
     def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]] | None]) -> bool:
         """Caller's thread, before submission: stage the one read-and-written tensor range by
@@ -309,7 +319,7 @@ class StagingHandoff:
         self._copy_out(i + 1)
         fence = self._range_fences[i]
         if fence is not None:
-            fence.synchronize()
+            self._await(fence)
             self._range_fences[i] = None
         limit, offsets = self._offsets[i + 1] + COPY_AHEAD_BYTES, self._offsets
         upto = len(self._range_fences)
@@ -338,9 +348,20 @@ class StagingHandoff:
         if self.hosts is None:
             self._stage_out()
         if self._out_fence is not None:
-            self._out_fence.synchronize()  # our own device -> host copies
+            self._await(self._out_fence)  # our own device -> host copies
         assert self.hosts is not None
         return self.hosts
+
+    def _await(self, fence: Fence) -> None:
+        """Block until ``fence``, after some of this op's copies, has passed. Copies that the
+        device orders after the producer's marker (``order_after``) may wait long for it (in
+        DDP, for backward's kernels); the thread sleeps on that marker first, so a fence that
+        is waited for by spinning (CUDA's, see ``DeviceOps.fence``) spins for the copies
+        only."""
+        ready, self._ready_slept = (None if self._ready_slept else self._ready), True
+        if ready is not None and not ready.query():
+            ready.synchronize()
+        fence.synchronize()
 
     def ready_now(self) -> bool:
         """The producer's marker has passed and no earlier op's copy back is awaited."""
@@ -366,9 +387,11 @@ class StagingHandoff:
             self._done = self.ops.fence() if copied else None
         self._unpend()
         bufs, self._bufs = self._bufs, []
+        # fenced only where the next op's copies could overtake this copy back
+        fence = None if self.ops.copies_in_order else self._done
         for buf, w in zip(bufs, self.writes, strict=True):
             if buf is not None:
-                self.pool.give(buf, self._done if w else None)
+                self.pool.give(buf, fence if w else None)
         self.hosts = None  # the tensors are device tensors again; drop host references
 
     def discard(self) -> None:
@@ -404,6 +427,7 @@ class HostOps:
     """
 
     copy_out_on_caller = False
+    copies_in_order = False
 
     def ready(self) -> Fence | None:
         return None

@@ -16,6 +16,11 @@ kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US m
 (``ring.PIECE_*_BYTES``), ``ahead``, ``first_ranges``, ``step_ranges`` (``staging.COPY_*``)
 size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
 segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once);
+``pool_wait=1`` makes a CUDA hand-off wait for a pooled host buffer's copy back before
+reusing it (before the twelfth session it always did; its copies run in order on one stream,
+so it need not); ``spin=0`` records CUDA copy fences as blocking-sync events again, so
+waiting on one sleeps until the driver wakes the thread (before the twelfth session; now
+they spin);
 ``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``);
 ``pipeline_min=N``: staged all-reduces of at least N bytes copy piece by piece, smaller ones
 whole (``staging.PIPELINE_MIN_BYTES``); ``clamp=N`` caps the window every data socket
@@ -90,6 +95,21 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
         ops = importlib.import_module("mccl.device.cuda").CudaOps
         new = ops.order_after if value else (lambda self, marker: marker.synchronize())
         return ops, "order_after", new
+    if key == "pool_wait":
+        ops = importlib.import_module("mccl.device.cuda").CudaOps
+        return ops, "copies_in_order", not value
+    if key == "spin":
+        import torch
+
+        ops = importlib.import_module("mccl.device.cuda").CudaOps
+        fence = ops.fence
+
+        def sleeping(self):
+            ev = torch.cuda.Event(blocking=True)  # the fences before the twelfth session
+            ev.record(self.side)
+            return ev
+
+        return ops, "fence", fence if value else sleeping
     if key == "start_write":
         mesh = importlib.import_module("mccl.transport.tcp").Mesh
         send_frame = mesh.send_frame
