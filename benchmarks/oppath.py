@@ -1,7 +1,7 @@
 """Where one op's fixed cost goes: timestamps along mccl's path, per stage, medians over ops.
 
     python benchmarks/oppath.py --world 4 --op all_reduce --size 1M [--device cuda] [--async]
-        [--variants "new:;old:inline_cuda=0,gpu_wait=0"]
+        [--variants "new:;old:inline_cuda=0,gpu_wait=0"] [--profile]
 
 Stages (microseconds from the ``torch.distributed`` call): the process group entered (its
 shared all-gather / reduce-scatter body for those),
@@ -10,8 +10,10 @@ the comm thread), the op's body, its first send, ``Work.wait`` returned / the ca
 Each op runs after a barrier, so what a previous op left on the wire is not counted. The ranks
 are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link).
 ``--variants`` compares settings of mccl's constants (keys: benchmarks/h200/ab/mccl_ab.py) in
-one run, interleaved in rounds, so the machine's drift hits them alike. Tooling only: it
-patches mccl's classes in its own processes.
+one run, interleaved in rounds, so the machine's drift hits them alike. ``--profile`` adds a
+cProfile of rank 0's timed ops (the functions with the most time of their own; the profiler
+slows Python down, so read it for shares, not times). Tooling only: it patches mccl's classes
+in its own processes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ PG_METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_flat",
 STAGES = ("pg", "submit", "execute", "body", "first_send", "last_got", "returned")
 WARMUP_OPS = 10
 ROUNDS = 4  # with --variants: each variant runs reps/ROUNDS ops per round
+PROFILE_ROWS = 30  # functions listed by --profile
 
 
 def _stamping(fn, st: dict[str, float], now):
@@ -49,7 +52,10 @@ def _stamping(fn, st: dict[str, float], now):
 
 
 def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
-          async_op: bool, variants: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+          async_op: bool, variants: list[tuple[str, str]], profile: bool = False) -> dict:
+    import cProfile
+    import io
+    import pstats
     import warnings
 
     import mccl_ab
@@ -97,13 +103,19 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
            "all_gather": lambda: dist.all_gather_into_tensor(full, part, async_op=async_op),
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, async_op=async_op)}[op]
 
+    prof = cProfile.Profile() if profile and rank == 0 else None
+
     def one() -> dict[str, float]:
         dist.barrier()
         st.clear()
         t0 = now()
+        if prof is not None:
+            prof.enable()
         w = run()
         if w is not None:
             w.wait()
+        if prof is not None:
+            prof.disable()
         if device == "cuda":
             torch.cuda.current_stream(dev).synchronize()
         t1 = now()
@@ -111,6 +123,8 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
 
     for _ in range(WARMUP_OPS):
         one()
+    if prof is not None:
+        prof = cProfile.Profile()  # the timed ops only
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     rounds = ROUNDS if len(variants) > 1 else 1
     for _ in range(rounds):
@@ -121,8 +135,13 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
                 rows[name] += [one() for _ in range(max(1, reps // rounds))]
             finally:
                 restore()
-    return {name: {k: statistics.median(r[k] for r in rs) for k in STAGES
-                   if all(k in r for r in rs)} for name, rs in rows.items()}
+    out: dict = {name: {k: statistics.median(r[k] for r in rs) for k in STAGES
+                        if all(k in r for r in rs)} for name, rs in rows.items()}
+    if prof is not None:
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(PROFILE_ROWS)
+        out["_profile"] = text.getvalue()
+    return out
 
 
 def main() -> int:
@@ -137,18 +156,23 @@ def main() -> int:
     ap.add_argument("--variants", default="base:",
                     help='"name:key=v,key=v;name2:..." (keys: benchmarks/h200/ab/mccl_ab.py)')
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile rank 0's timed ops (printed; shares, not times)")
     a = ap.parse_args()
     variants = [tuple(v.split(":", 1)) for v in a.variants.split(";") if v]
     res = run_ranks(_rank, a.world, a.op, parse_size(a.size), a.reps, a.device, a.async_op,
-                    variants, timeout=120 + a.reps * 0.1 * len(variants))
+                    variants, a.profile, timeout=120 + a.reps * 0.1 * len(variants))
+    profile = res[0].pop("_profile", None)
     out = {"world": a.world, "op": a.op, "size": a.size, "device": a.device,
            "async_op": a.async_op, "variants": a.variants, "stages_us_median": res}
     for name, stages in res[0].items():
         line = " ".join(f"{k}={v:.0f}" for k, v in stages.items())
         print(f"{a.op} {a.size} n={a.world} {a.device} {'async' if a.async_op else 'blocking'} "
               f"[{name}]: rank0 {line}")
+    if profile:
+        print(profile)
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1))
+        a.json.write_text(json.dumps(out | ({"profile": profile} if profile else {}), indent=1))
     return 0
 
 

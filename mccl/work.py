@@ -85,8 +85,10 @@ class Work(dist.Work):
 
     Cheap to make, since every op makes one: completion is a lock held until the op is done
     (an Event costs several times more), and the torch Future behind ``get_future`` is only
-    made when somebody asks for it, except for device ops, whose Future must be completed
-    inside the comm side's stream context.
+    made when somebody asks for it (blocking ops never do). A device op's Future is completed
+    inside the comm side's stream context, so it records its event after the copy back; one
+    first asked for after the op completed records it there at that time, which may also
+    cover copies of later ops (later than needed, never too early).
     """
 
     def __init__(self, op: str, result: list[torch.Tensor] | None = None,
@@ -98,7 +100,9 @@ class Work(dist.Work):
         self._latch.acquire()  # released once, when the op is done; waiters pass through it
         self._finished = False
         self._error: BaseException | None = None
-        self._raw = torch.futures.Future(devices=devices) if devices else None
+        self._devices = devices
+        self._result_ctx = None  # where a device op's future is completed (see complete)
+        self._raw: torch.futures.Future | None = None  # made by _raw_future()
         self._future: torch.futures.Future | None = None  # made by get_future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
@@ -120,6 +124,7 @@ class Work(dist.Work):
             if self._finished:
                 return
             self._error = error
+            self._result_ctx = result_ctx
             self._finished = True
             self._latch.release()
             fut, value = self._raw, self._outcome()
@@ -134,9 +139,10 @@ class Work(dist.Work):
         """The future the comm side completes; made (and completed, if the op is done) on
         first use. Call with ``_callbacks_lock`` held."""
         if self._raw is None:
-            self._raw = torch.futures.Future()
+            self._raw = torch.futures.Future(devices=self._devices) if self._devices else (
+                torch.futures.Future())
             if self._finished:
-                self._raw.set_result(self._outcome())
+                _set_result(self._raw, self._outcome(), self._result_ctx)
         return self._raw
 
     def _outcome(self):

@@ -399,11 +399,12 @@ def test_overlap_bound_on_hand_computed_pipelines() -> None:
 
 def test_oppath_stages_in_order_for_each_variant(tmp_path: Path) -> None:
     """benchmarks/oppath.py at 2 ranks, tiny op, two interleaved variants: every stage of the
-    path is reported for each, in the order the op passes them."""
+    path is reported for each, in the order the op passes them; --profile adds rank 0's
+    profile."""
     out = tmp_path / "p.json"
     argv = [sys.executable, "benchmarks/oppath.py", "--world", "2", "--op", "reduce_scatter",
             "--size", "64K", "--reps", "8", "--variants", "a:;b:inline_max=4096",
-            "--json", str(out)]
+            "--profile", "--json", str(out)]
     res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
                          timeout=BENCH_TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -412,11 +413,12 @@ def test_oppath_stages_in_order_for_each_variant(tmp_path: Path) -> None:
     for rank in doc["stages_us_median"]:
         assert set(rank) == {"a", "b"}
         for stages in rank.values():
-            names = ("pg", "submit", "execute", "body", "first_send", "returned")
+            names = ("pg", "submit", "execute", "body", "first_send", "last_got", "returned")
             assert list(stages) == list(names)
             times = [stages[k] for k in names]
             assert times == sorted(times) and times[0] >= 0
     assert "[a]" in res.stdout and "[b]" in res.stdout
+    assert "function calls" in res.stdout and "reduce_scatter" in doc["profile"]
 
 
 def test_ab_settings_apply_and_restore() -> None:

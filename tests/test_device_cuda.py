@@ -8,6 +8,8 @@ enqueued right after ``wait()`` or ``future.wait()`` without any device-wide syn
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -53,6 +55,20 @@ def _marker_and_gate(rank: int, world: int) -> bool:
     chained = dist.all_reduce(torch.ones(10, device=dev), async_op=True).get_future().then(
         lambda f: f.value()[0] * 2)
     assert chained.wait().sum().item() == 2 * world * 10
+    # A future first asked for after the op completed (made then, not by the op): read on a
+    # stream that never waited on the Work, it still sees the whole copy back. An all-gather's
+    # output is copied back whole when the op ends (64 MB: that copy is still running when
+    # the op is marked complete).
+    part = torch.full((8 << 20,), float(rank + 1), device=dev)
+    out = torch.zeros(world * part.numel(), device=dev)
+    w = dist.all_gather_into_tensor(out, part, async_op=True)
+    deadline = time.monotonic() + 60
+    while not w.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.0001)
+    with torch.cuda.stream(side):
+        val = w.get_future().wait()[0].view(world, -1)
+        lo, hi = val.amin(dim=1).tolist(), val.amax(dim=1).tolist()
+    assert lo == hi == [float(i + 1) for i in range(world)], (lo, hi)
     return True
 
 

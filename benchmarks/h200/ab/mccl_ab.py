@@ -21,6 +21,8 @@ reusing it (before the twelfth session it always did; its copies run in order on
 so it need not); ``spin=0`` records CUDA copy fences as blocking-sync events again, so
 waiting on one sleeps until the driver wakes the thread (before the twelfth session; now
 they spin);
+``lazy_future=0`` makes every device op's Work make its torch Future at once (before the
+twelfth session; now only when asked for, which blocking ops never do);
 ``early=0`` turns the engine's early start of a queued all-reduce off (``EARLY_START``);
 ``pipeline_min=N``: staged all-reduces of at least N bytes copy piece by piece, smaller ones
 whole (``staging.PIPELINE_MIN_BYTES``); ``clamp=N`` caps the window every data socket
@@ -110,6 +112,19 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
             return ev
 
         return ops, "fence", fence if value else sleeping
+    if key == "lazy_future":
+        import torch
+
+        work = importlib.import_module("mccl.work").Work
+        init = getattr(work, "_ab_lazy_init", work.__init__)
+        work._ab_lazy_init = init
+
+        def eager(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if self._devices:  # every device op made its torch Future at once
+                self._raw = torch.futures.Future(devices=self._devices)
+
+        return work, "__init__", init if value else eager
     if key == "start_write":
         mesh = importlib.import_module("mccl.transport.tcp").Mesh
         send_frame = mesh.send_frame
