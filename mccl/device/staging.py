@@ -18,7 +18,9 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
   the producer's marker first if it has not passed, then on the copy's fence, which may spin:
   ``_await``); return the host tensors.
 * comm thread, ``release``: copy host -> device on the side stream and record ``done``;
-  host buffers go back to the pool fenced by ``done`` (reused only once the copy finished).
+  host buffers go back to the pool fenced by ``done`` (reused only once the copy finished),
+  unfenced where every copy runs in order on one stream (``copies_in_order``: the next op's
+  copies queue behind it).
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
   ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
 
