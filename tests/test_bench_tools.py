@@ -167,6 +167,30 @@ def _small_bench(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, di
     return res, json.loads(out.read_text())
 
 
+def test_table_flags_cells_whose_samples_stalled() -> None:
+    """A cell whose slowest sample took over STALL_SPREAD x its fastest is marked '~'; a
+    steady one, or one without sample times (older JSON), is not."""
+    from mccl.bench import report
+
+    def row(backend: str, lo: float, hi: float | None) -> dict:
+        r = {"op": "reduce_scatter", "world_size": 8, "dtype": "float32", "size": 4 << 20,
+             "count": 1 << 20, "backend": backend, "time_us": 5145.7, "algbw_gbs": 0.8,
+             "busbw_gbs": 0.7}
+        if hi is not None:
+            r |= {"min_us": lo, "max_us": hi}
+        return r
+
+    text = report.format_table([row("mccl", 3031.4, 13829.9), row("gloo", 8700.0, 8900.0)],
+                               1.196e9, ["mccl", "gloo"])
+    line = next(x for x in text.splitlines() if x.strip().startswith("4M"))
+    mccl_cell, gloo_cell = line.split("|")[1:3]
+    assert mccl_cell.rstrip().endswith("~") and not gloo_cell.rstrip().endswith("~")
+    assert "'~' = slowest sample over 2x the fastest" in text
+    assert not report.stalled(row("mccl", 1.0, None))
+    assert not report.stalled(row("mccl", 100.0, 200.0))  # exactly 2x: not flagged
+    assert report.stalled(row("mccl", 100.0, 200.1))
+
+
 def test_bench_min_sample_sets_the_ops_per_sample(tmp_path: Path) -> None:
     """--min-sample reaches the ranks: 0 times every op alone (after its barrier)."""
     _, doc = _small_bench(tmp_path / "r.json", "--backends", "mccl", "--sizes", "8", "--ops",

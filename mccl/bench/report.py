@@ -25,6 +25,10 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 
                "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 PNG_DPI = 120
 PNG_SIZE_IN = (11.0, 8.5)
+#: A cell whose slowest timed sample took this many times its fastest is flagged '~': some
+#: samples stalled (a TCP retransmission timeout, a descheduled rank), so its median may
+#: not be a rate (the H200's 8-host 4 MB reduce-scatter once read 3.0 to 13.8 ms).
+STALL_SPREAD = 2.0
 
 
 def parse_size(text: str | int) -> int:
@@ -143,6 +147,8 @@ def format_table(rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
                          f"{r['busbw_gbs']:>7.3f} {(f'{pct:.1f}' if pct is not None else '-'):>6}")
                 if r.get("check") is False:
                     line += "!"
+                if stalled(r):
+                    line += "~"
             if ratio and len(present) == 2:
                 m, g = cells.get("mccl"), cells.get("gloo")
                 if m and g and g["busbw_gbs"] > 0:
@@ -152,8 +158,15 @@ def format_table(rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
             lines.append(line)
         lines.append("")
     lines.append("# algbw/busbw in GB/s (1e9 B/s); busbw = algbw x nccl-tests bus factor; "
-                 "%ceil = busbw / single-stream TCP ceiling; '!' = result check failed")
+                 "%ceil = busbw / single-stream TCP ceiling; '!' = result check failed; "
+                 f"'~' = slowest sample over {STALL_SPREAD:g}x the fastest (a stall)")
     return "\n".join(lines)
+
+
+def stalled(row: dict[str, Any]) -> bool:
+    """Did some timed samples of this row stall (see ``STALL_SPREAD``)?"""
+    lo, hi = row.get("min_us"), row.get("max_us")
+    return bool(lo and hi and hi > STALL_SPREAD * lo)
 
 
 def write_json(path: str | Path, doc: dict[str, Any]) -> None:
