@@ -103,7 +103,7 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
            "all_gather": lambda: dist.all_gather_into_tensor(full, part, async_op=async_op),
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full, async_op=async_op)}[op]
 
-    prof = cProfile.Profile() if profile and rank == 0 else None
+    prof: cProfile.Profile | None = None  # made after the warm-up: the timed ops only
 
     def one() -> dict[str, float]:
         dist.barrier()
@@ -123,8 +123,8 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
 
     for _ in range(WARMUP_OPS):
         one()
-    if prof is not None:
-        prof = cProfile.Profile()  # the timed ops only
+    if profile and rank == 0:
+        prof = cProfile.Profile()
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
     rounds = ROUNDS if len(variants) > 1 else 1
     for _ in range(rounds):

@@ -139,8 +139,7 @@ class Work(dist.Work):
         """The future the comm side completes; made (and completed, if the op is done) on
         first use. Call with ``_callbacks_lock`` held."""
         if self._raw is None:
-            self._raw = torch.futures.Future(devices=self._devices) if self._devices else (
-                torch.futures.Future())
+            self._raw = torch.futures.Future(devices=self._devices)
             if self._finished:
                 _set_result(self._raw, self._outcome(), self._result_ctx)
         return self._raw

@@ -54,16 +54,16 @@ def plot(data: Data, png: Path) -> None:
                              squeeze=False)
     for row, op in zip(axes, ops, strict=True):
         for ax, world in zip(row, worlds, strict=True):
+            ticks: set[int] = set()
             for (o, name, w), pct in sorted(data.items()):
                 if (o, w) == (op, world):
                     xs = sorted(pct)
+                    ticks.update(xs)
                     style = "k--" if name == "gloo" else "-o"
                     ax.plot(xs, [pct[x] for x in xs], style, label=name)
             ax.axhline(100, color="grey", lw=0.5)
             ax.set_xscale("log", base=2)
-            ticks = sorted({s for (o, _, w), v in data.items() if (o, w) == (op, world)
-                            for s in v})
-            ax.set_xticks(ticks, [format_size(t) for t in ticks])
+            ax.set_xticks(sorted(ticks), [format_size(t) for t in sorted(ticks)])
             ax.set_xlabel(f"{op} size")
             ax.set_ylabel("busbw, % of single-stream ceiling")
             ax.set_title(f"{op}, {world} hosts")

@@ -360,9 +360,10 @@ class StagingHandoff:
         DDP, for backward's kernels); the thread sleeps on that marker first, so a fence that
         is waited for by spinning (CUDA's, see ``DeviceOps.fence``) spins for the copies
         only."""
-        ready, self._ready_slept = (None if self._ready_slept else self._ready), True
-        if ready is not None and not ready.query():
-            ready.synchronize()
+        if not self._ready_slept:
+            self._ready_slept = True
+            if self._ready is not None and not self._ready.query():
+                self._ready.synchronize()
         fence.synchronize()
 
     def ready_now(self) -> bool:

@@ -116,8 +116,7 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
         import torch
 
         work = importlib.import_module("mccl.work").Work
-        init = getattr(work, "_ab_lazy_init", work.__init__)
-        work._ab_lazy_init = init
+        init = work.__init__
 
         def eager(self, *args, **kwargs):
             init(self, *args, **kwargs)
