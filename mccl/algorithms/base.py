@@ -11,15 +11,20 @@ import numpy as np
 Reducer = Callable[..., None]
 Finisher = Callable[[np.ndarray], None] | None
 
-#: Bounds on the chunk size chosen for a segment. The ring's fill and drain cost about one
-#: chunk time each, so the cap is kept small (1 MiB is 0.8 ms at 10 Gbit/s) while per-chunk
-#: Python work (~30 us) stays a few percent of it. The floor is set by the thread that
+#: Bounds on the chunk size chosen for a segment. The cap: with 1 MiB chunks a ring lost
+#: about one to two chunk times per op on emulated 10 Gbit links (all-reduce 95-99 % of the
+#: ceiling at 16-256 MB); 256 KiB chunks read 98.5-99.8 % on 4 and 8 hosts, and a bare
+#: Python ring (benchmarks/bare_ring.py) behaved the same, gaining partly from smaller
+#: writes and partly from smaller receives (thirteenth session, benchmarks/results/h200/
+#: call_s13a-c). Per-chunk Python work (~30 us) is then about 15 % of a chunk's wire time
+#: at 10 Gbit/s, done while the wire carries the previous chunks; on a 2-core box running
+#: 4 ranks the CPU per op measured level with 1 MiB. The floor is set by the thread that
 #: forwards chunks: a 64 KiB chunk is 52 us at 10 Gbit/s, but receiving, reducing and
 #: writing it (small writes go inline, see ``tcp.INLINE_MAX_BYTES``) took that thread about
 #: 80 us, so 1-2 MB ops ran at the thread's pace; from 128 KiB the writes go to the sender
 #: thread (eleventh session, benchmarks/results/h200/call_s11a).
 MIN_CHUNK_BYTES = 128 << 10
-MAX_CHUNK_BYTES = 1 << 20
+MAX_CHUNK_BYTES = 256 << 10
 #: Chunks a segment is cut into between those bounds: at least two, so one is on the wire
 #: while the previous one is reduced.
 CHUNKS_PER_SEGMENT = 4
