@@ -171,7 +171,7 @@ def _ranged(rank: int, world: int) -> bool:
     check(1_500_001, torch.float16, SUM)
     check(2_000_003, torch.bfloat16, AVG, future=True)  # 8 MB in float32: segments cut
     assert calls == [3_000_001, 3_000_001, 1_500_001, 2_000_003]
-    check(1_000_003, torch.bfloat16, AVG)  # 4 MB in float32, 3 ranks: no segment cut, whole
+    check(600_003, torch.bfloat16, AVG)  # 2.4 MB in float32, 3 ranks: 800 KB segments, whole
     assert calls[-1] == 2_000_003
     staging.PIPELINE_MIN_BYTES = shipped
     check(24_000_001, torch.float32, SUM)  # 96 MB with the shipped threshold
