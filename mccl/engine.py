@@ -62,13 +62,14 @@ def _shown(logger: logging.Logger) -> bool:
 class OpChannel:
     """The algorithms' Channel for one op: frames tagged with the op's seq and signature."""
 
-    __slots__ = ("mesh", "rank", "size", "seq", "sig", "deadline", "_queued", "_started",
-                 "_headers", "on_sends_done", "_sealed")
+    __slots__ = ("mesh", "rank", "size", "chunk_cap", "seq", "sig", "deadline", "_queued",
+                 "_started", "_headers", "on_sends_done", "_sealed")
 
-    def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float):
+    def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float, chunk_cap: int):
         self.mesh = mesh
         self.rank = mesh.rank
         self.size = mesh.size
+        self.chunk_cap = chunk_cap
         self.seq = seq
         self.sig = sig
         self.deadline = deadline
@@ -176,10 +177,11 @@ def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 class Engine:
     """Comm thread + ordered queue of one process group."""
 
-    def __init__(self, mesh: Mesh, label: str, timeout_s: float):
+    def __init__(self, mesh: Mesh, label: str, timeout_s: float, chunk_cap: int):
         self.mesh = mesh
         self.label = label
         self.timeout_s = timeout_s
+        self.chunk_cap = chunk_cap  # the group's (base.chunk_cap), for every op's channel
         self.scratch = Scratch()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = 0
@@ -256,7 +258,8 @@ class Engine:
                     job.early = None
                 else:
                     hosts = job.handoff.acquire()
-                    ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+                    ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
+                                   self.chunk_cap)
                     if job.start is not None:
                         job.start(ch, hosts)
                 if EARLY_START and threading.current_thread() is self._thread:
@@ -301,7 +304,8 @@ class Engine:
             return
         try:
             hosts = job.handoff.acquire()
-            ch = OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s)
+            ch = OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
+                           self.chunk_cap)
             job.start(ch, hosts)
         except Exception as e:  # noqa: BLE001 - reported when the job runs
             job.early_error = e

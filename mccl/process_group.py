@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from . import collectives as coll
 from . import config
+from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
 from .engine import Engine, Job
 from .errors import CollectiveError
@@ -24,7 +25,7 @@ from .monitor import monitored_barrier
 from .ops import Kind, describe, signature
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
-from .transport.rendezvous import choose_address, connect_mesh
+from .transport.rendezvous import choose_address, connect_mesh, cores_per_rank
 from .transport.tcp import Mesh
 from .work import GroupWork, Work, completed_work
 
@@ -106,7 +107,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         address = choose_address(cfg.socket_ifname, _master_addr(store))
         group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
-        self._engine = Engine(self._mesh, self._label, timeout_s)
+        cores = cores_per_rank(store, rank, size, self._label)
+        self._chunk_cap = chunk_cap(cores)
+        log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label, cores,
+                 self._chunk_cap >> 10)
+        self._engine = Engine(self._mesh, self._label, timeout_s, self._chunk_cap)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
@@ -266,7 +271,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
-                lambda: coll.staging_ranges(tensors[0], self.size(), self.rank())):
+                lambda: coll.staging_ranges(tensors[0], self.size(), self.rank(),
+                                            self._chunk_cap)):
             segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)

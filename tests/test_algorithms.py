@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mccl.algorithms import direct, doubling, ring
+from mccl.algorithms import base, direct, doubling, ring
 from mccl.algorithms.base import Scratch, split
 from mccl.reduce import Op, finisher, reducer
 
@@ -26,6 +26,7 @@ class FakeChannel:
 
     def __init__(self, rank: int, size: int, boxes: dict):
         self.rank, self.size, self._boxes = rank, size, boxes
+        self.chunk_cap = base.MAX_CHUNK_BYTES
         self.sends_done_calls = 0  # a send after sends_done() would break the engine's early start
 
     def send(self, peer: int, buf: np.ndarray) -> bool:

@@ -232,3 +232,57 @@ def test_socket_ifname_unknown_interface_is_clear() -> None:
     with pytest.raises(ValueError, match="MCCL_SOCKET_IFNAME"):
         choose_address("no-such-if0", None)
     assert choose_address("lo", None) == "127.0.0.1"
+
+
+def test_chunk_cap_follows_the_fewest_cores_per_rank() -> None:
+    """Ranks sharing a machine share its cores; a rank's own affinity mask can be smaller;
+    the group takes the fewest. Below MIN_CORES_PER_RANK the CPU-bound cap applies."""
+    from mccl.algorithms import base
+    from mccl.transport.rendezvous import fewest_cores
+
+    assert fewest_cores([("a", 16, 16)] * 8) == 2.0  # 8 ranks on one 16-core machine
+    assert fewest_cores([("a", 2, 2)] * 4) == 0.5  # 4 ranks on 2 cores
+    assert fewest_cores([("a", 64, 4), ("b", 8, 8)]) == 4.0  # a 4-core affinity mask
+    assert fewest_cores([("a", 24, 24), ("b", 24, 24), ("c", 8, 8), ("c", 8, 8)]) == 4.0
+    assert base.chunk_cap(2.0) == base.chunk_cap(24.0) == base.MAX_CHUNK_BYTES
+    assert base.chunk_cap(1.5) == base.chunk_cap(0.5) == base.CPU_BOUND_CHUNK_BYTES
+    assert base.MAX_CHUNK_BYTES < base.CPU_BOUND_CHUNK_BYTES
+
+
+def _chunk_caps(rank: int, w: int, port: int) -> dict:
+    """Every rank reports itself on its own 64-core machine, except that rank 1 may use only
+    one core in the first group: all ranks must agree on each group's cap and compute right."""
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl.algorithms import base
+    from mccl.transport import rendezvous
+
+    own = [64] * w
+    own[1] = 1
+    rendezvous.machine_facts = lambda: (f"machine{rank}", 64, own[rank])
+    store = dist.TCPStore("127.0.0.1", port, w, is_master=rank == 0,
+                          timeout=timedelta(seconds=30))
+    dist.init_process_group("mccl", store=store, rank=rank, world_size=w)
+    short = dist.distributed_c10d._get_default_group()
+    own[1] = 64
+    roomy = dist.new_group(list(range(w)))
+    n = (3 << 20) + 5  # 12 MB: segments cut into chunks at either cap
+    ok = []
+    for g in (short, roomy):
+        t = torch.arange(n, dtype=torch.float32) % 1000 + rank
+        dist.all_reduce(t, group=g)
+        ok.append(bool(torch.equal(t, (torch.arange(n) % 1000 * w + sum(range(w))).float())))
+        out = torch.empty(n // w)
+        dist.reduce_scatter_tensor(out, torch.full((n // w * w,), float(rank)), group=g)
+        ok.append(bool((out == sum(range(w))).all()))
+    caps = (short._chunk_cap, roomy._chunk_cap)
+    dist.destroy_process_group()
+    return {"ok": ok, "caps": caps, "want": (base.CPU_BOUND_CHUNK_BYTES, base.MAX_CHUNK_BYTES)}
+
+
+def test_ranks_agree_on_the_chunk_cap() -> None:
+    res = run_ranks(_chunk_caps, 3, free_port(), init=False, timeout=120)
+    for r in res:
+        assert all(r["ok"]), res
+        assert r["caps"] == r["want"], res

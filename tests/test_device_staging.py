@@ -312,13 +312,14 @@ def test_tensors_whose_segments_are_not_cut_are_copied_whole() -> None:
     (shipped piece sizes); otherwise None, and the hand-off copies the tensor whole."""
     from mccl.collectives import staging_ranges
 
-    for w in (2, 3, 4, 8):
-        for r in range(w):
-            assert staging_ranges(torch.empty(w << 18), w, r) is None  # 1 MiB segments
-            cut = staging_ranges(torch.empty(w << 20), w, r)  # 4 MiB segments
-            assert cut is not None and len(cut) > w
-            half = staging_ranges(torch.empty(w << 19, dtype=torch.bfloat16), w, r)
-            assert half is not None  # rings in float32: 4 MiB segments again
+    for cap in (base.MAX_CHUNK_BYTES, base.CPU_BOUND_CHUNK_BYTES):
+        for w in (2, 3, 4, 8):
+            for r in range(w):
+                assert staging_ranges(torch.empty(w << 18), w, r, cap) is None  # 1 MiB segments
+                cut = staging_ranges(torch.empty(w << 20), w, r, cap)  # 4 MiB segments
+                assert cut is not None and len(cut) > w
+                half = staging_ranges(torch.empty(w << 19, dtype=torch.bfloat16), w, r, cap)
+                assert half is not None  # rings in float32: 4 MiB segments again
     adapter, _ = _adapter()
     h = adapter.prepare([torch.ones(1 << 20)], [True], [True])
     assert not h.pipeline(lambda: None)  # the hand-off then stays whole
@@ -328,7 +329,7 @@ def test_copy_plan_edge_pieces_are_not_smaller_than_the_least_piece() -> None:
     """Each piece costs a copy call and a fence: edge pieces start at PIECE_MIN_BYTES (1 MiB
     of float32 here), and segments too small to split stay whole."""
     mib = 1 << 20
-    plan = copy_plan(64 * mib // 4, 4, 0, 4)  # 16 MiB segments of 1 MiB chunks
+    plan = copy_plan(64 * mib // 4, 4, 0, 4, cap=mib)  # 16 MiB segments of 1 MiB chunks
     sizes = [(b - a) * 4 for a, b in plan.ranges]
     assert sizes[:4] == [mib, mib, 2 * mib, 4 * mib] and sizes[-1] == 4 * mib
     assert max(sizes) == ring.PIECE_MAX_BYTES
@@ -626,7 +627,8 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
         else:
             want = sum(vals(r).to(dtype) for r in range(world))
         assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
-        ranges = collectives.staging_ranges(t, world, rank)
+        cap = dist.distributed_c10d._get_default_group()._chunk_cap
+        ranges = collectives.staging_ranges(t, world, rank, cap)
         ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES and ranges is not None
         copies = [d for d, _ in ops.copies].count("out") - outs
         assert copies == (len(ranges) if ranged else 1), (n, dtype, copies)
@@ -673,7 +675,7 @@ def _staged_peer_killed(rank: int, world: int) -> dict:
     group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
     t = torch.ones(1 << 20)  # 4 MB, as the storm's: staged piece by piece on the fake device
     dist.all_reduce(t, group=group)
-    pieces = len(collectives_plan(t, world, rank).ranges)
+    pieces = len(collectives_plan(t, world, rank, group._chunk_cap).ranges)
     assert pieces > 1 and [d for d, _ in ops.copies].count("out") == pieces
     return _storm(rank, group, "staged-kill", 2, lambda: os.kill(os.getpid(), signal.SIGKILL))
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mccl.algorithms.base import MAX_CHUNK_BYTES
 from mccl.transport import framing, handshake
 from mccl.transport.framing import (
     BYE,
@@ -600,7 +601,7 @@ def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
     from mccl.work import Work
 
     mesh, far = make_mesh(2, timeout_s=60.0)
-    engine = Engine(mesh, "t", 60.0)
+    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
 
     def job(name: str, body, collective: bool = True) -> Job:
         return Job(name, SIG, body, Work(name), CpuHandoff([]), collective=collective)

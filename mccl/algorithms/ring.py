@@ -35,14 +35,16 @@ PIECE_MIN_BYTES = 1 << 20
 #: overwritten, the sends that read it that many steps earlier must have been written.
 REDUCE_SCATTER_SPARES = 2
 #: Chunk floor of the chain broadcast: its pipeline fills over w - 2 hops of one chunk time
-#: each, so its chunks stay smaller than the ring's (``MIN_CHUNK_BYTES``).
+#: each, so its chunks stay smaller than the ring's (``MIN_CHUNK_BYTES``); its cap is the
+#: ring's (``Channel.chunk_cap``).
 BROADCAST_MIN_CHUNK_BYTES = 64 << 10
 
 
-def segment_chunks(n: int, w: int, itemsize: int, chunk_bytes: int | None = None) -> int:
+def segment_chunks(n: int, w: int, itemsize: int, chunk_bytes: int | None = None,
+                   cap: int | None = None) -> int:
     """Chunks per segment of ``all_reduce`` over ``n`` elements on ``w`` ranks, set by segment
     0, the largest (``copy_plan`` must cut exactly as the ring does)."""
-    return chunk_count(-(-n // w) * itemsize, chunk_bytes)
+    return chunk_count(-(-n // w) * itemsize, chunk_bytes, cap)
 
 
 def first_use(i: int, w: int, r: int) -> int:
@@ -94,7 +96,7 @@ def _runs(k: int, cap: int, head: bool, tail: bool, least: int = 1) -> list[int]
 
 
 def copy_plan(n: int, w: int, r: int, itemsize: int,
-              chunk_bytes: int | None = None) -> CopyPlan:
+              chunk_bytes: int | None = None, cap: int | None = None) -> CopyPlan:
     """The pieces a staged ``all_reduce`` of ``n`` elements of ``itemsize`` bytes (the dtype
     the ring runs in) copies on rank ``r``: every rank derives the same chunks as the ring.
 
@@ -102,8 +104,9 @@ def copy_plan(n: int, w: int, r: int, itemsize: int,
     the first send wait for a whole segment's copy behind every rank's other copies; small
     pieces at both edges and a bounded lookahead (``StagingHandoff``) keep only a piece of
     about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end. Built once per
-    shape (DDP's buckets repeat every step) for the caller's and the comm thread."""
-    k = segment_chunks(n, w, itemsize, chunk_bytes)
+    shape (DDP's buckets repeat every step) for the caller's and the comm thread. ``cap``: the
+    group's chunk cap (``Channel.chunk_cap``)."""
+    k = segment_chunks(n, w, itemsize, chunk_bytes, cap)
     seg_bytes = -(-n // w) * itemsize  # segment 0, the largest
     return _plan(n, w, r, k, max(1, -(-seg_bytes // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES)
 
@@ -139,7 +142,7 @@ def all_reduce_start(ch: Channel, buf: np.ndarray, chunk_bytes: int | None = Non
         return
     offs = split(buf.shape[0], w)
     prv = (r - 1) % w
-    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes)
+    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes, ch.chunk_cap)
     for j, c in enumerate(chunks(buf[offs[prv]:offs[prv + 1]], k)):
         if ready is not None:
             ready(prv, j)
@@ -166,7 +169,7 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
         return
     offs = split(buf.shape[0], w)
     nxt, prv = (r + 1) % w, (r - 1) % w
-    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes)
+    k = segment_chunks(buf.shape[0], w, buf.itemsize, chunk_bytes, ch.chunk_cap)
     pieces: dict[int, list[np.ndarray]] = {}
 
     def cut(seg: int) -> list[np.ndarray]:
@@ -213,7 +216,7 @@ def reduce_scatter_start(ch: Channel, src: list[np.ndarray],
     w, r = ch.size, ch.rank
     if w == 1:
         return
-    k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
+    k = chunk_count(max(s.nbytes for s in src), chunk_bytes, ch.chunk_cap)
     for c in chunks(src[(r - 1) % w], k):
         if c.size:
             ch.send((r + 1) % w, c)
@@ -238,7 +241,7 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
             finish(out)
         return
     nxt, prv = (r + 1) % w, (r - 1) % w
-    k = chunk_count(max(s.nbytes for s in src), chunk_bytes)
+    k = chunk_count(max(s.nbytes for s in src), chunk_bytes, ch.chunk_cap)
     longest = max(s.shape[0] for s in src)
     n_spare = min(REDUCE_SCATTER_SPARES, max(1, w - 2))  # partial sums of w - 2 steps
     spare = [scratch.take(longest * out.itemsize, out.dtype, 1 + i) for i in range(n_spare)]
@@ -273,7 +276,7 @@ def all_gather_start(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | Non
     w, r = ch.size, ch.rank
     if w == 1:
         return
-    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes, ch.chunk_cap)
     for c in chunks(mine if mine is not None else segs[r], k):
         if c.size:
             ch.send((r + 1) % w, c)
@@ -287,7 +290,7 @@ def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = No
     already sent it. Before the last step, which only receives, it tells the channel that
     its sends are done."""
     w, r = ch.size, ch.rank
-    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes)
+    k = chunk_count(max(s.nbytes for s in segs), chunk_bytes, ch.chunk_cap)
     prv = (r - 1) % w
     if not started:
         all_gather_start(ch, segs, mine, chunk_bytes)
@@ -320,7 +323,7 @@ def broadcast(ch: Channel, buf: np.ndarray, root: int, chunk_bytes: int | None =
     nxt, prv = (r + 1) % w, (r - 1) % w
     pos = (r - root) % w
     k = chunk_count(buf.nbytes, chunk_bytes or max(BROADCAST_MIN_CHUNK_BYTES,
-                                                   min(1 << 20, buf.nbytes // 8)))
+                                                   min(ch.chunk_cap, buf.nbytes // 8)))
     for c in chunks(buf, k):
         if not c.size:
             continue

@@ -1,5 +1,6 @@
 """Who talks to whom: publish each rank's listen address in the c10d store, share a per-job
-secret, and build the full mesh of authenticated connections of one group.
+secret, build the full mesh of authenticated connections of one group, and agree on how many
+cores each rank of the group can count on.
 
 Keys are namespaced per torchrun attempt, because torchrun keeps its store across elastic
 restarts and a dead attempt's keys are still there.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import secrets
@@ -34,6 +36,10 @@ LISTEN_BACKLOG = 128
 MAX_PENDING = 256
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
                      errno.ECONNABORTED, errno.EPROTO}
+
+
+#: Linux names each boot of a machine; network namespaces (the emulated hosts) share it.
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class Store(Protocol):
@@ -318,3 +324,62 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         listener.close()
     log.debug("rank %d connected to %d peers in group %s", rank, len(socks), group_name)
     return group, socks
+
+
+def _machine_id() -> str:
+    """Which machine this process runs on: the host name, with Linux's boot id where it can be
+    read (emulated hosts in network namespaces share both). macOS has no such file, so Macs
+    that share a host name count as one machine there (then the group is only treated as
+    short of cores, never the other way round)."""
+    ident = socket.gethostname()
+    try:
+        with open(_BOOT_ID) as f:
+            ident += "/" + f.read().strip()
+    except OSError:
+        pass
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask where the OS has one (Linux), else the
+    machine's count (macOS)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        try:
+            return max(1, len(affinity(0)))
+        except OSError:
+            pass
+    return max(1, os.cpu_count() or 1)
+
+
+def machine_facts() -> tuple[str, int, int]:
+    """(machine, its core count, this process's usable cores), as ``cores_per_rank``
+    publishes them."""
+    return _machine_id(), max(1, os.cpu_count() or 1), usable_cores()
+
+
+def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
+    """Min over ranks of min(own usable cores, machine cores / ranks on that machine)."""
+    on_machine: dict[str, int] = {}
+    for machine, _, _ in facts:
+        on_machine[machine] = on_machine.get(machine, 0) + 1
+    return min(min(own, total / on_machine[machine]) for machine, total, own in facts)
+
+
+def cores_per_rank(store: Store, rank: int, size: int, group_name: str) -> float:
+    """The fewest cores any rank of the group can count on (``fewest_cores``): each rank
+    publishes its ``machine_facts`` and reads everyone's, so every rank computes the same
+    value. A key left by an earlier group of the same name holds the same rank's facts."""
+    mine = machine_facts()
+    if size == 1:
+        return fewest_cores([mine])
+    ns = namespace(group_name)
+    store.set(f"{ns}cores/{rank}", " ".join(map(str, mine)))
+    keys = [f"{ns}cores/{r}" for r in range(size)]
+    many = getattr(store, "multi_get", None)
+    raw = many(keys) if many is not None else [store.get(k) for k in keys]
+    facts = []
+    for v in raw:
+        machine, total, own = (v.decode() if isinstance(v, bytes) else v).split()
+        facts.append((machine, int(total), int(own)))
+    return fewest_cores(facts)

@@ -3,7 +3,9 @@
 Used at start-up by this folder's sitecustomize (``MCCL_AB``, benchmarks/h200/ab.sh) and at
 run time by benchmarks/oppath.py ``--variants`` (variants interleaved in one run). Keys:
 ``inline_max``, ``min_chunk``, ``max_chunk``, ``chunks_per_segment`` (constants, bytes or
-counts); ``sndbuf=N`` fixes every data socket's SO_SNDBUF at N bytes (receive autotuning
+counts; ``max_chunk`` is the cap of groups whose ranks have ``min_cores`` cores each or more,
+``cpu_chunk`` the cap of the others: ``min_cores=0`` or ``min_cores=1000`` forces one);
+``sndbuf=N`` fixes every data socket's SO_SNDBUF at N bytes (receive autotuning
 untouched); ``inline_cuda=0`` runs blocking CUDA ops on the comm thread; ``gpu_wait=0``
 makes the comm thread sleep on the producer's marker instead of the side stream waiting for
 it on the GPU; ``start_write=0`` queues an op's first large send to the sender thread like
@@ -44,6 +46,8 @@ _CONSTANTS = {
     "inline_max": ("mccl.transport.tcp", "INLINE_MAX_BYTES"),
     "min_chunk": ("mccl.algorithms.base", "MIN_CHUNK_BYTES"),
     "max_chunk": ("mccl.algorithms.base", "MAX_CHUNK_BYTES"),
+    "cpu_chunk": ("mccl.algorithms.base", "CPU_BOUND_CHUNK_BYTES"),
+    "min_cores": ("mccl.algorithms.base", "MIN_CORES_PER_RANK"),
     "chunks_per_segment": ("mccl.algorithms.base", "CHUNKS_PER_SEGMENT"),
     "piece_min": ("mccl.algorithms.ring", "PIECE_MIN_BYTES"),
     "piece_max": ("mccl.algorithms.ring", "PIECE_MAX_BYTES"),
@@ -59,8 +63,8 @@ _CONSTANTS = {
 def _whole_segments(copy_plan):
     """``ring.copy_plan`` as before pieces: one range per segment, in the ring's order."""
 
-    def plan(n, w, r, itemsize, chunk_bytes=None):
-        fine = copy_plan(n, w, r, itemsize, chunk_bytes)
+    def plan(n, w, r, itemsize, chunk_bytes=None, cap=None):
+        fine = copy_plan(n, w, r, itemsize, chunk_bytes, cap)
         k = len(fine.starts[0])
         starts, ends = [[-1] * k for _ in range(w)], [[-1] * k for _ in range(w)]
         ranges = []
