@@ -105,12 +105,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._group_name = group_name or ""
         timeout_s = timeout.total_seconds()
         address = choose_address(cfg.socket_ifname, _master_addr(store))
-        group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
-        self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
+        # Agreed before any socket opens (it waits for every rank's key, as connecting does).
         cores = cores_per_rank(store, rank, size, self._label)
         self._chunk_cap = chunk_cap(cores)
         log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label, cores,
                  self._chunk_cap >> 10)
+        group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
+        self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, timeout_s, self._chunk_cap)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
