@@ -517,3 +517,48 @@ def test_ab_report_keeps_the_ops_of_one_run_apart(tmp_path: Path) -> None:
     assert len(lines) == 2 + 3, table
     ab_report.plot(ab_report.load(tmp_path), tmp_path / "ab.png")
     assert (tmp_path / "ab.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("opts", [{}, {"send_piece": 1000}, {"recv_piece": 1200}])
+def test_bare_ring_control_reduces_correctly(opts: dict) -> None:
+    """benchmarks/bare_ring.py's ring (the control the chunk cap was chosen by) sums right on
+    3 threads over socket pairs, with chunks that do not divide the segments and with writes
+    or receives in pieces, twice in a row."""
+    import socket
+    import threading
+
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bare_ring
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    world, n = 3, 10_007
+    links = [socket.socketpair() for _ in range(world)]  # link r: rank r -> rank r + 1
+    rings = [bare_ring.BareRing(r, world, links[r][0], links[(r - 1) % world][1], chunk=4096,
+                                **opts) for r in range(world)]
+    arrs = [np.arange(n, dtype=np.float32) % 97 * (r + 1) for r in range(world)]
+    errors: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            for _ in range(2):  # twice: the second op reuses the sender thread and sockets
+                rings[r].all_reduce(arrs[r])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for ring in rings:
+        ring.close()
+    for a, b in links:
+        a.close()
+        b.close()
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    once = np.arange(n, dtype=np.float32) % 97 * sum(range(1, world + 1))
+    for a in arrs:
+        assert np.array_equal(a, once * world)  # the second op summed the first's results
