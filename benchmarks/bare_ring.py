@@ -131,13 +131,12 @@ class BareRing:
                 self._recv_reduce(arr[lo:hi], tmp[:hi - lo])
                 self._send(arr[lo:hi])  # the last step's sums are all-gather's first sends
         self._wait_sent(first)  # our own segment's first sends read it; it is received next
-        last = 0
         for t in range(w - 1):  # all-gather: final sums go round, received in place
             for lo, hi in self._chunks(bounds, (r - t) % w):
                 self._recv(arr[lo:hi])
                 if t < w - 2:
-                    last = self._send(arr[lo:hi])
-        self._wait_sent(max(last, self.queued))
+                    self._send(arr[lo:hi])
+        self._wait_sent(self.queued)
 
 
 VARIANT_KEYS = {"chunk": "1M", "lowat": "0", "send_piece": "0", "recv_piece": "0"}

@@ -242,6 +242,11 @@ class Engine:
             with self._seq_lock:
                 self._busy -= 1
 
+    def _channel(self, job: Job) -> OpChannel:
+        """The op's channel: its frames' seq and signature, its deadline, the group's cap."""
+        return OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
+                         self.chunk_cap)
+
     def _execute(self, job: Job) -> None:
         if self.error is not None:
             _discard(job)
@@ -258,8 +263,7 @@ class Engine:
                     job.early = None
                 else:
                     hosts = job.handoff.acquire()
-                    ch = OpChannel(mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
-                                   self.chunk_cap)
+                    ch = self._channel(job)
                     if job.start is not None:
                         job.start(ch, hosts)
                 if EARLY_START and threading.current_thread() is self._thread:
@@ -304,8 +308,7 @@ class Engine:
             return
         try:
             hosts = job.handoff.acquire()
-            ch = OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
-                           self.chunk_cap)
+            ch = self._channel(job)
             job.start(ch, hosts)
         except Exception as e:  # noqa: BLE001 - reported when the job runs
             job.early_error = e
