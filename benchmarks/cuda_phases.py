@@ -5,9 +5,11 @@
 One run on emulated hosts: back-to-back blocking all-reduces of CPU tensors, then of CUDA
 tensors (the ranks share the GPU), each timed by phase on every rank by wrapping the staging
 hand-off's steps: head (call to the ring's first segment on the host), the ring itself, tail
-(ring end to return), the time the ring spent blocked on copies out (``wait_range``), and, to
-size what a copy costs here, every rank copying one ring segment device -> host and back at
-the same time. A diagnostic, not a test (Linux, root, CUDA).
+(ring end to return), the time the ring spent in ``wait_range`` (blocked on copies out, plus
+enqueuing more), the comm thread's time enqueuing copies out and back (``copy_out_ms``,
+``copy_back_ms``, with their call counts), and, to size what a copy costs here, every rank
+copying one ring segment device -> host and back at the same time. A diagnostic, not a test
+(Linux, root, CUDA).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _rank(rank: int, world: int, size: int, reps: int, devices: tuple[str, ...])
 
         setattr(owner, name, wrapper)
 
-    for name in ("acquire", "wait_range", "copy_back", "release"):
+    for name in ("acquire", "wait_range", "copy_back", "release", "_copy_out"):
         timed(staging.StagingHandoff, name)
     timed(collectives.ring, "all_reduce_start")  # the ring's first sends (the op's start part)
     timed(collectives.ring, "all_reduce")
@@ -79,6 +81,11 @@ def _rank(rank: int, world: int, size: int, reps: int, devices: tuple[str, ...])
             if waits:
                 row.update(first_wait_ms=(waits[0][2] - t0) * 1e3,
                            wait_blocked_ms=sum(b - a for _, a, b in waits) * 1e3)
+            for name in ("_copy_out", "copy_back"):  # comm-thread time enqueuing copies
+                spans = [b - a for n, a, b in marks if n == name]
+                if spans:
+                    row[f"{name.strip('_')}_ms"] = sum(spans) * 1e3
+                    row[f"{name.strip('_')}_calls"] = len(spans)
             ops.append(row)
         keys = sorted({k for row in ops for k in row})
         return {k: statistics.median(row[k] for row in ops if k in row) for k in keys}

@@ -249,6 +249,27 @@ def test_chunk_cap_follows_the_fewest_cores_per_rank() -> None:
     assert base.MAX_CHUNK_BYTES < base.CPU_BOUND_CHUNK_BYTES
 
 
+def test_machines_sharing_a_host_name_differ_by_their_boot(monkeypatch) -> None:
+    """Macs imaged alike share a host name: their boot session ids (``kern.bootsessionuuid``
+    on macOS; this is the plumbing, faked: no Mac here) still tell them apart, so their
+    cores are not pooled as one machine's. Without any boot id they count as one."""
+    from mccl.transport import rendezvous
+
+    monkeypatch.setattr(rendezvous, "_BOOT_ID", "/nonexistent/boot_id")
+    monkeypatch.setattr(rendezvous.sys, "platform", "darwin")
+    monkeypatch.setattr(rendezvous.socket, "gethostname", lambda: "Mac-Studio.local")
+    ids = []
+    for boot in ("5A0C6E2B-0000-4000-8000-000000000001",
+                 "5A0C6E2B-0000-4000-8000-000000000002", "", ""):
+        monkeypatch.setattr(rendezvous, "_sysctl_string", lambda name, b=boot: b)
+        ids.append(rendezvous._machine_id())
+    assert ids[0] != ids[1] and ids[2] == ids[3] and len(set(ids)) == 3
+    # where the call does not exist (glibc has no sysctlbyname), it reads as unknown
+    monkeypatch.undo()
+    if not hasattr(__import__("ctypes").CDLL(None), "sysctlbyname"):
+        assert rendezvous._sysctl_string(b"kern.bootsessionuuid") == ""
+
+
 def _chunk_caps(rank: int, w: int, port: int) -> dict:
     """Every rank reports itself on its own 64-core machine, except that rank 1 may use only
     one core in the first group: all ranks must agree on each group's cap and compute right."""

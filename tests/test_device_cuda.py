@@ -43,6 +43,9 @@ def _marker_and_gate(rank: int, world: int) -> bool:
                     else:
                         w = dist.all_reduce(t, async_op=True)
                         w.wait()  # O2 via the gate: this stream waits for the copy back
+                    # a blocking op copies on the caller's thread (inline), in the side
+                    # stream's context: the caller's stream is current again afterwards
+                    assert torch.cuda.current_stream(dev) == stream, (n, blocking)
                     got = (t * 1).sum().item()  # consumer kernel on the same stream
                 assert got == expect * n, (n, stream, blocking, got)
     # Future path (what DDP's reducer uses): no Work.wait(), only fut.wait()

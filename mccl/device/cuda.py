@@ -67,6 +67,11 @@ class CudaOps:
             yield
 
     def copy_context(self) -> AbstractContextManager:
+        # A ranged all-reduce enters this a few times per piece on the comm thread: torch's
+        # two context managers cost ~20 us a time on an H200, a plain switch of the stream
+        # ~5 us, where the thread is already on the adapter's device (the usual case).
+        if torch.cuda.current_device() == self.device.index:
+            return _SideStream(self.side, self.device)
         return self._on_side()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -97,6 +102,27 @@ class CudaOps:
 
     def alloc_host(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+class _SideStream:
+    """Make ``side`` the current stream of its device, the current one, and restore the
+    stream that was current (``torch.cuda.stream`` without its checks for another device)."""
+
+    __slots__ = ("side", "device", "prev")
+
+    def __init__(self, side: torch.cuda.Stream, device: torch.device):
+        self.side = side
+        self.device = device
+        self.prev: torch.cuda.Stream | None = None
+
+    def __enter__(self) -> None:
+        self.prev = torch.cuda.current_stream(self.device)
+        torch.cuda.set_stream(self.side)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.prev is not None
+        torch.cuda.set_stream(self.prev)
+        self.prev = None
 
 
 class CudaAdapter:

@@ -241,6 +241,7 @@ class StagingHandoff:
         self._range_fences: list[Fence | None] = []  # of the ranges whose copy out is enqueued
         self._offsets: list[int] = []  # bytes before each range, in the ranges' order
         self._backed: list[bool] = []  # ranges whose copy back is enqueued
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) 1-D views
         if ops.copy_out_on_caller and not after_writes:
             self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
@@ -300,15 +301,16 @@ class StagingHandoff:
         t = self.tensors[0]
         buf = self.pool.take(t.numel() * t.element_size())
         self.hosts, self._bufs = [_host_like(buf, t)], [buf]
+        self._flat = (t.view(-1), self.hosts[0].view(-1))  # sliced per range, made once
         self._copy_out(min(COPY_FIRST_RANGES, len(self._ranges)))
 
     def _copy_out(self, upto: int) -> None:
         """Enqueue the copies out of the ranges before ``upto`` not enqueued yet, in order,
         each followed by its own fence."""
-        assert self._ranges is not None and self.hosts is not None
+        assert self._ranges is not None and self._flat is not None
         if len(self._range_fences) >= upto:
             return
-        src, dst = self.tensors[0].view(-1), self.hosts[0].view(-1)
+        src, dst = self._flat
         with self.ops.copy_context():
             for a, b in self._ranges[len(self._range_fences):upto]:
                 self.ops.copy(dst[a:b], src[a:b])
@@ -339,9 +341,10 @@ class StagingHandoff:
             self._copy_range_back(i)
 
     def _copy_range_back(self, i: int) -> None:
-        assert self.hosts is not None and self._ranges is not None
+        assert self._flat is not None and self._ranges is not None
         a, b = self._ranges[i]
-        self.ops.copy(self.tensors[0].view(-1)[a:b], self.hosts[0].view(-1)[a:b])
+        dev, host = self._flat
+        self.ops.copy(dev[a:b], host[a:b])
         self._backed[i] = True
 
     def acquire(self) -> list[torch.Tensor]:
@@ -395,7 +398,7 @@ class StagingHandoff:
         for buf, w in zip(bufs, self.writes, strict=True):
             if buf is not None:
                 self.pool.give(buf, fence if w else None)
-        self.hosts = None  # the tensors are device tensors again; drop host references
+        self.hosts = self._flat = None  # device tensors again; drop host references
 
     def discard(self) -> None:
         """The op failed or never ran: its buffers go back to the pool fenced behind every
@@ -409,7 +412,7 @@ class StagingHandoff:
             for buf in bufs:
                 if buf is not None:
                     self.pool.give(buf, fence)
-        self.hosts = None
+        self.hosts = self._flat = None
 
     def _unpend(self) -> None:
         if self._pending is not None and self._written:

@@ -40,6 +40,8 @@ _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
 
 #: Linux names each boot of a machine; network namespaces (the emulated hosts) share it.
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: Room for a string read with sysctlbyname (a UUID is 36 characters).
+SYSCTL_MAX_BYTES = 128
 
 
 class Store(Protocol):
@@ -327,17 +329,41 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
 
 
 def _machine_id() -> str:
-    """Which machine this process runs on: the host name, with Linux's boot id where it can be
-    read (emulated hosts in network namespaces share both). macOS has no such file, so Macs
-    that share a host name count as one machine there (then the group is only treated as
-    short of cores, never the other way round)."""
-    ident = socket.gethostname()
+    """Which machine this process runs on: the host name and the id of the machine's current
+    boot (``_boot_session``), so that machines imaged alike (one host name) still differ.
+    Where no boot id can be read, machines that share a host name count as one (then the
+    group is only treated as short of cores, never the other way round)."""
+    ident = socket.gethostname() + "/" + _boot_session()
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _boot_session() -> str:
+    """This boot's id: Linux's ``boot_id`` (shared by network namespaces, so emulated hosts
+    count as one machine), macOS's ``kern.bootsessionuuid``; "" where neither can be read."""
     try:
         with open(_BOOT_ID) as f:
-            ident += "/" + f.read().strip()
+            return f.read().strip()
     except OSError:
         pass
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+    if sys.platform == "darwin":
+        return _sysctl_string(b"kern.bootsessionuuid")
+    return ""
+
+
+def _sysctl_string(name: bytes) -> str:
+    """A string value from the BSD ``sysctlbyname`` call (macOS, through ctypes: no compiler,
+    no subprocess); "" if it cannot be read."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        size = ctypes.c_size_t(SYSCTL_MAX_BYTES)
+        buf = ctypes.create_string_buffer(SYSCTL_MAX_BYTES)
+        if libc.sysctlbyname(name, buf, ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
+            return ""
+        return buf.value.decode(errors="replace")
+    except (OSError, AttributeError, ValueError):
+        return ""
 
 
 def usable_cores() -> int:

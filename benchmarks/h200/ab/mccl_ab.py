@@ -18,9 +18,12 @@ kernel has it); ``switch=US`` sets the interpreter's GIL switch interval to US m
 (``ring.PIECE_*_BYTES``), ``ahead``, ``first_ranges``, ``step_ranges`` (``staging.COPY_*``)
 size a staged all-reduce's copy pieces and lookahead; ``whole=1`` copies one range per ring
 segment instead (the staging before pieces; with ``first_ranges=1000`` all enqueued at once);
-``pool_wait=1`` makes a CUDA hand-off wait for a pooled host buffer's copy back before
-reusing it (before the twelfth session it always did; its copies run in order on one stream,
-so it need not); ``spin=0`` records CUDA copy fences as blocking-sync events again, so
+``torch_ctx=1`` enters the CUDA side stream through torch's ``device`` and ``stream``
+context managers for every copy (before the fourteenth session; now a plain switch of the
+stream where the thread is on the adapter's device); ``pool_wait=1`` makes a CUDA hand-off
+wait for a pooled host buffer's copy back before reusing it (before the twelfth session it
+always did; its copies run in order on one stream, so it need not); ``spin=0`` records
+CUDA copy fences as blocking-sync events again, so
 waiting on one sleeps until the driver wakes the thread (before the twelfth session; now
 they spin);
 ``lazy_future=0`` makes every device op's Work make its torch Future at once (before the
@@ -104,6 +107,10 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
     if key == "pool_wait":
         ops = importlib.import_module("mccl.device.cuda").CudaOps
         return ops, "copies_in_order", not value
+    if key == "torch_ctx":
+        ops = importlib.import_module("mccl.device.cuda").CudaOps
+        ctx = ops.copy_context
+        return ops, "copy_context", (lambda self: self._on_side()) if value else ctx
     if key == "spin":
         import torch
 
