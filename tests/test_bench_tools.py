@@ -562,3 +562,33 @@ def test_bare_ring_control_reduces_correctly(opts: dict) -> None:
     once = np.arange(n, dtype=np.float32) % 97 * sum(range(1, world + 1))
     for a in arrs:
         assert np.array_equal(a, once * world)  # the second op summed the first's results
+
+
+def test_free_port_skips_taken_ports_and_stays_below_the_ephemeral_range(monkeypatch) -> None:
+    """Rendezvous ports come from LOOPBACK_PORTS (a port from the kernel's ephemeral range
+    could be handed to another test's socket before the store binds it); one that something
+    already holds is skipped."""
+    import socket
+
+    from mccl.bench import spawn
+
+    held = socket.socket()
+    try:
+        for port in range(*spawn.LOOPBACK_PORTS):  # a port in the range this test can hold
+            try:
+                held.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        held.listen(1)
+        taken = held.getsockname()[1]
+        picks = iter([taken, taken, taken + 1 if taken + 1 <= spawn.LOOPBACK_PORTS[1]
+                      else taken - 1])
+        monkeypatch.setattr(spawn.random, "randint", lambda a, b: next(picks))
+        got = spawn.free_port()
+        assert got != taken and spawn.LOOPBACK_PORTS[0] <= got <= spawn.LOOPBACK_PORTS[1]
+    finally:
+        held.close()
+    monkeypatch.undo()
+    assert all(spawn.LOOPBACK_PORTS[0] <= spawn.free_port() <= spawn.LOOPBACK_PORTS[1]
+               for _ in range(20))

@@ -22,6 +22,13 @@ from typing import Any
 DEFAULT_TIMEOUT_S = 90.0
 #: Rendezvous ports tried inside emulated hosts (free_port() can only ask loopback here).
 HOST_PORTS = (20000, 30000)
+#: Loopback rendezvous ports come from below the kernels' ephemeral ranges (Linux 32768-60999,
+#: macOS 49152-65535): a port the kernel handed out as free could be handed out again, to
+#: another test's listener or outgoing connection, before the store binds it (seen with
+#: tests run in parallel: EADDRINUSE).
+LOOPBACK_PORTS = (20000, 32000)
+#: Random ports tried before falling back to one the kernel picks.
+PORT_TRIES = 50
 
 
 class RanksFailed(AssertionError):
@@ -40,6 +47,15 @@ class Hosts:
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on now, from ``LOOPBACK_PORTS`` where one is free."""
+    for _ in range(PORT_TRIES):
+        port = random.randint(*LOOPBACK_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
