@@ -264,10 +264,12 @@ def test_machines_sharing_a_host_name_differ_by_their_boot(monkeypatch) -> None:
         monkeypatch.setattr(rendezvous, "_sysctl_string", lambda name, b=boot: b)
         ids.append(rendezvous._machine_id())
     assert ids[0] != ids[1] and ids[2] == ids[3] and len(set(ids)) == 3
-    # where the call does not exist (glibc has no sysctlbyname), it reads as unknown
     monkeypatch.undo()
-    if not hasattr(__import__("ctypes").CDLL(None), "sysctlbyname"):
-        assert rendezvous._sysctl_string(b"kern.bootsessionuuid") == ""
+    got = rendezvous._sysctl_string(b"kern.bootsessionuuid")
+    if sys.platform == "darwin":
+        assert len(got) >= 32, got  # read for real where the tests run on a Mac
+    else:
+        assert got == ""  # glibc has no sysctlbyname: unknown, and no error
 
 
 def _chunk_caps(rank: int, w: int, port: int) -> dict:
