@@ -69,7 +69,9 @@ def _marker_and_gate(rank: int, world: int) -> bool:
     while not w.is_completed() and time.monotonic() < deadline:
         time.sleep(0.0001)
     with torch.cuda.stream(side):
-        val = w.get_future().wait()[0].view(world, -1)
+        fut = w.get_future()  # made and completed here, in the adapter's side-stream context
+        assert torch.cuda.current_stream(dev) == side  # which it leaves again
+        val = fut.wait()[0].view(world, -1)
         lo, hi = val.amin(dim=1).tolist(), val.amax(dim=1).tolist()
     assert lo == hi == [float(i + 1) for i in range(world)], (lo, hi)
     return True

@@ -20,14 +20,17 @@ Data = dict[tuple[str, str, int], dict[int, float]]
 
 
 def load(folder: Path) -> Data:
-    """Rows of the NAME-nN.json bench files, kept apart by op (a run may bench several)."""
+    """Rows of the NAME-nN.json bench files, kept apart by op (a run may bench several) and
+    by backend: a file that benched gloo beside mccl gives gloo's rows as "gloo NAME"."""
     out: Data = {}
     for path in sorted(folder.glob("*-n*.json")):
         name, world = path.stem.rsplit("-n", 1)
         doc = json.loads(path.read_text())
         for r in doc["rows"]:
+            backend = r.get("backend", "mccl")
+            label = name if backend in ("mccl", name) else f"{backend} {name}"
             if r.get("pct_ceiling") is not None:
-                out.setdefault((r["op"], name, int(world)), {})[r["size"]] = r["pct_ceiling"]
+                out.setdefault((r["op"], label, int(world)), {})[r["size"]] = r["pct_ceiling"]
     return out
 
 
@@ -59,7 +62,8 @@ def plot(data: Data, png: Path) -> None:
                 if (o, w) == (op, world):
                     xs = sorted(pct)
                     ticks.update(xs)
-                    style = "k--" if name == "gloo" else "-o"
+                    style = ("k--" if name == "gloo" else "--x" if name.startswith("gloo")
+                             else "-o")
                     ax.plot(xs, [pct[x] for x in xs], style, label=name)
             ax.axhline(100, color="grey", lw=0.5)
             ax.set_xscale("log", base=2)

@@ -61,17 +61,21 @@ class CudaOps:
         # wait left on the CPU is for the copy out (O1 without a sleep on the producer).
         self.side.wait_event(marker)  # type: ignore[arg-type]
 
+    def _on_side(self) -> AbstractContextManager:
+        """The side stream made current: a ranged all-reduce enters this a few times per
+        piece on the comm thread, and every op that completes a Future once. torch's two
+        context managers cost ~20 us a time on an H200, a plain switch of the stream ~5 us,
+        where the thread is already on the adapter's device (the usual case)."""
+        if torch.cuda.current_device() == self.device.index:
+            return _SideStream(self.side, self.device)
+        return self._on_other_device()
+
     @contextmanager
-    def _on_side(self):
+    def _on_other_device(self):
         with torch.cuda.device(self.device), torch.cuda.stream(self.side):
             yield
 
     def copy_context(self) -> AbstractContextManager:
-        # A ranged all-reduce enters this a few times per piece on the comm thread: torch's
-        # two context managers cost ~20 us a time on an H200, a plain switch of the stream
-        # ~5 us, where the thread is already on the adapter's device (the usual case).
-        if torch.cuda.current_device() == self.device.index:
-            return _SideStream(self.side, self.device)
         return self._on_side()
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
