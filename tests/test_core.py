@@ -84,6 +84,39 @@ def test_collectives_exact(world: int) -> None:
     assert all("checks" in r for r in res)
 
 
+def _large_all_gathers(rank: int, w: int) -> None:
+    """All-gathers of inputs over 1 MiB, whose local copy into the output is interleaved
+    with the ring's receives: queued, so later ones start while earlier ones still receive;
+    one dtype per layout; one whose input already is its part of the output (no copy)."""
+    import torch.distributed as dist
+
+    n = (1 << 20) // 8 + 13  # int64 elements
+
+    def part(q: int, i: int, dtype: torch.dtype) -> torch.Tensor:
+        return ((torch.arange(n) * 7 + q * 1000 + i) % 30_011).to(dtype)
+
+    flats = [torch.zeros(w * n, dtype=torch.int64) for _ in range(3)]
+    lists = [torch.zeros(n, dtype=torch.float16) for _ in range(w)]
+    works = [dist.all_gather_into_tensor(out, part(rank, i, torch.int64), async_op=True)
+             for i, out in enumerate(flats)]
+    works.append(dist.all_gather(lists, part(rank, 9, torch.float16), async_op=True))
+    for wk in works:
+        wk.wait()
+    for i, out in enumerate(flats):
+        assert torch.equal(out, torch.cat([part(q, i, torch.int64) for q in range(w)])), i
+    for q, got in enumerate(lists):
+        assert torch.equal(got, part(q, 9, torch.float16)), q
+    shared = torch.zeros(w * n, dtype=torch.int64)
+    mine = shared[rank * n:(rank + 1) * n]
+    mine.copy_(part(rank, 5, torch.int64))
+    dist.all_gather_into_tensor(shared, mine)
+    assert torch.equal(shared, torch.cat([part(q, 5, torch.int64) for q in range(w)]))
+
+
+def test_large_queued_all_gathers() -> None:
+    run_ranks(_large_all_gathers, 3, timeout=120)
+
+
 def _p2p(rank: int, w: int) -> None:
     import torch.distributed as dist
 

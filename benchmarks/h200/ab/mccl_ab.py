@@ -36,7 +36,9 @@ as gloo's two outstanding 1 MiB segments do; at 10 Gbit it changed nothing, nint
 ``rs_spares=N``: reduce-scatter's partial sums rotate through N segment buffers
 (``ring.REDUCE_SCATTER_SPARES``); ``recv_piece=N`` reads every frame in receives of at most
 N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
-handles newly arrived packets, and so their ACKs, only after it).
+handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
+all-gather's local copy of the own segment into the output (timing only: the output's own
+part is then wrong).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -201,6 +203,14 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, value)
 
         return tcp, "tune_socket", tune_socket
+    if key == "ag_copy":
+        ring = importlib.import_module("mccl.algorithms.ring")
+        gather = ring.all_gather
+
+        def no_local_copy(ch, segs, mine=None, chunk_bytes=None, started=False):
+            return gather(ch, segs, segs[ch.rank], chunk_bytes, started)
+
+        return ring, "all_gather", gather if value else no_local_copy
     raise KeyError(f"unknown A/B key {key!r}")
 
 
