@@ -107,12 +107,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         address = choose_address(cfg.socket_ifname, _master_addr(store))
         # Agreed before any socket opens (it waits for every rank's key, as connecting does).
         cores = cores_per_rank(store, rank, size, self._label)
-        self._chunk_cap = chunk_cap(cores)
+        cap = chunk_cap(cores)
         log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label, cores,
-                 self._chunk_cap >> 10)
+                 cap >> 10)
         group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
-        self._engine = Engine(self._mesh, self._label, timeout_s, self._chunk_cap)
+        self._engine = Engine(self._mesh, self._label, timeout_s, cap)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
@@ -273,7 +273,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
                 lambda: coll.staging_ranges(tensors[0], self.size(), self.rank(),
-                                            self._chunk_cap)):
+                                            self._engine.chunk_cap)):
             segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)

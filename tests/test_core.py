@@ -332,7 +332,7 @@ def _chunk_caps(rank: int, w: int, port: int) -> dict:
         out = torch.empty(n // w)
         dist.reduce_scatter_tensor(out, torch.full((n // w * w,), float(rank)), group=g)
         ok.append(bool((out == sum(range(w))).all()))
-    caps = (short._chunk_cap, roomy._chunk_cap)
+    caps = (short._engine.chunk_cap, roomy._engine.chunk_cap)
     dist.destroy_process_group()
     return {"ok": ok, "caps": caps, "want": (base.CPU_BOUND_CHUNK_BYTES, base.MAX_CHUNK_BYTES)}
 

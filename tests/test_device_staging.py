@@ -627,7 +627,7 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
         else:
             want = sum(vals(r).to(dtype) for r in range(world))
         assert torch.equal(seen[0], want.to(dtype)), (n, dtype, op)
-        cap = dist.distributed_c10d._get_default_group()._chunk_cap
+        cap = dist.distributed_c10d._get_default_group()._engine.chunk_cap
         ranges = collectives.staging_ranges(t, world, rank, cap)
         ranged = n * t.element_size() >= staging.PIPELINE_MIN_BYTES and ranges is not None
         copies = [d for d, _ in ops.copies].count("out") - outs
@@ -675,7 +675,7 @@ def _staged_peer_killed(rank: int, world: int) -> dict:
     group = dist.new_group(list(range(world)), timeout=timedelta(seconds=5))
     t = torch.ones(1 << 20)  # 4 MB, as the storm's: staged piece by piece on the fake device
     dist.all_reduce(t, group=group)
-    pieces = len(collectives_plan(t, world, rank, group._chunk_cap).ranges)
+    pieces = len(collectives_plan(t, world, rank, group._engine.chunk_cap).ranges)
     assert pieces > 1 and [d for d, _ in ops.copies].count("out") == pieces
     return _storm(rank, group, "staged-kill", 2, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
