@@ -366,6 +366,11 @@ def _sysctl_string(name: bytes) -> str:
         return ""
 
 
+def machine_cores() -> int:
+    """The machine's core count (at least 1 where the OS does not say)."""
+    return max(1, os.cpu_count() or 1)
+
+
 def usable_cores() -> int:
     """Cores this process may run on: its affinity mask where the OS has one (Linux), else the
     machine's count (macOS)."""
@@ -375,13 +380,13 @@ def usable_cores() -> int:
             return max(1, len(affinity(0)))
         except OSError:
             pass
-    return max(1, os.cpu_count() or 1)
+    return machine_cores()
 
 
 def machine_facts() -> tuple[str, int, int]:
     """(machine, its core count, this process's usable cores), as ``cores_per_rank``
     publishes them."""
-    return _machine_id(), max(1, os.cpu_count() or 1), usable_cores()
+    return _machine_id(), machine_cores(), usable_cores()
 
 
 def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
