@@ -11,15 +11,22 @@ behind it (``Job.start``), so the link goes from one
 op's bytes to the next op's without waiting for the first op's tail and the second's start
 (gloo gets the same from running two ops at once on two threads). Sends of one connection
 stay in issue order, so every peer still reads the ops one after the other.
+
+Parked ops: a point-to-point receive (and a device tensor's send) takes its turn in the queue
+to get at its tensor, then waits aside (``Job.park``) while the ops behind it run; whichever
+read meets its message fills it. While only parked ops are left, the comm thread waits on the
+sockets and on a wake-up socket that ``submit`` writes to (``Mesh.serve``).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -132,6 +139,10 @@ class OpChannel:
 
 
 Body = Callable[[OpChannel, list[torch.Tensor]], None]
+#: ``done(error=None, source=-1)``: a parked op finished (``source``: who sent a message).
+Done = Callable[..., None]
+#: A body that finishes later: it posts a receive or queues a send and calls ``done`` then.
+Park = Callable[[OpChannel, list[torch.Tensor], Done], None]
 
 
 @dataclass
@@ -154,6 +165,9 @@ class Job:
     #: Set by an early start: the op's channel and host tensors, or what it raised.
     early: tuple[OpChannel, list[torch.Tensor]] | None = None
     early_error: BaseException | None = None
+    #: Instead of ``body``: a point-to-point op that finishes later, without holding up the
+    #: ops behind it (a receive waits for its message, a device send for its write).
+    park: Park | None = None
 
 
 def _discard(job: Job) -> None:
@@ -195,6 +209,14 @@ class Engine:
         self._aborted = False
         self._next: object = _NO_JOB  # a job taken off the queue by an early start
         self.early_starts = 0  # ops whose first sends went out early (tests read it)
+        # Parked jobs (comm thread; counted in _busy until they finish) and those that have
+        # finished, with their outcome (appended by any thread, settled by the comm thread).
+        self._parked: list[Job] = []
+        self._landed: deque[tuple[Job, BaseException | None, int]] = deque()
+        self._serving = False  # the comm thread waits in Mesh.serve (guarded by _seq_lock)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"mccl-comm-{label}", daemon=True)
         self._thread.start()
 
@@ -219,42 +241,135 @@ class Engine:
             run_here = inline and self._busy == 1
             if not run_here:
                 self._q.put(job)
+                if self._serving:
+                    self._wake()
         if run_here:
             self._run_counted(job)
         return job.work
+
+    def _wake(self) -> None:
+        """Wake the comm thread out of ``Mesh.serve`` (call with ``_seq_lock`` held)."""
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed at shutdown
+            pass
 
     def _loop(self) -> None:
         while True:
             job, self._next = self._next, _NO_JOB
             if job is _NO_JOB:
-                job = self._q.get()
+                job = self._take()
             if job is None:
                 return
             self._run_counted(job)
 
-    def _run_counted(self, job: Job) -> None:
-        """Run one job (never two at once: the comm thread and an inline caller share the
-        sockets), then count it as finished."""
+    def _take(self):
+        """The next job; while parked ops wait, serve them until one comes."""
+        while True:
+            if self._landed:
+                self._settle_landed()
+            if not self._parked:
+                return self._q.get()
+            try:
+                return self._q.get_nowait()
+            except queue.Empty:
+                pass
+            self._serve(idle=True)
+
+    def _serve(self, idle: bool) -> None:
+        """Wait a little for the parked ops' bytes (``idle``: unless a job is queued)."""
+        with self._seq_lock:
+            if idle and not self._q.empty():
+                return
+            self._serving = True
         try:
             with self._exec_lock:
-                self._execute(job)
-        finally:
+                self.mesh.serve(self.mesh.probe_s, self._wake_r)
+        except BaseException as e:  # noqa: BLE001 - fails the parked ops and the group
+            job = self._parked.pop(0)  # the oldest takes the blame; the rest fail with it
+            self._fail(job, e)
             with self._seq_lock:
                 self._busy -= 1
+        finally:
+            with self._seq_lock:
+                self._serving = False
+        if self._landed:
+            self._settle_landed()
+
+    def _land(self, job: Job, error: BaseException | None = None, source: int = -1) -> None:
+        """A parked job finished (any thread): the comm thread settles it."""
+        self._landed.append((job, error, source))
+        with self._seq_lock:
+            if self._serving:
+                self._wake()
+
+    def _settle_landed(self) -> None:
+        """Complete (or fail) the parked jobs that finished: the comm thread, or the thread
+        shutting the group down once the comm thread has stopped."""
+        while self._landed:
+            job, error, source = self._landed.popleft()
+            if job not in self._parked:
+                continue  # failed meanwhile (the group broke)
+            self._parked.remove(job)
+            try:
+                if error is not None:
+                    raise error
+                if self.error is not None:
+                    raise self._later_error(job)
+                job.handoff.release()
+            except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
+                if self.error is None:
+                    self._fail(job, e)
+                else:
+                    _discard(job)
+                    job.work.fail(self._later_error(job))
+            else:
+                if source >= 0:
+                    job.work.set_source_rank(source)
+                job.work.complete(job.handoff.gate(), job.handoff.result_context())
+            finally:
+                with self._seq_lock:
+                    self._busy -= 1
+
+    def _fail_parked(self, error: CollectiveError | None = None) -> None:
+        """Fail every parked job: the group broke (``self.error``) or shut down (``error``)."""
+        parked, self._parked = self._parked, []
+        for job in parked:
+            _discard(job)
+            job.work.fail(error or self._later_error(job))
+            with self._seq_lock:
+                self._busy -= 1
+
+    def _run_counted(self, job: Job) -> None:
+        """Run one job (never two at once: the comm thread and an inline caller share the
+        sockets), then count it as finished, unless it was parked."""
+        finished = True
+        try:
+            with self._exec_lock:
+                finished = self._execute(job)
+        finally:
+            if finished:
+                with self._seq_lock:
+                    self._busy -= 1
+        if self._landed and threading.current_thread() is self._thread:
+            self._settle_landed()
 
     def _channel(self, job: Job) -> OpChannel:
         """The op's channel: its frames' seq and signature, its deadline, the group's cap."""
         return OpChannel(self.mesh, job.seq, job.sig, time.monotonic() + self.timeout_s,
                          self.chunk_cap)
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job) -> bool:
+        """Run ``job``; False if it was parked (it finishes later, see ``_settle_landed``)."""
         if self.error is not None:
             _discard(job)
             job.work.fail(self._later_error(job))
-            return
+            return True
         mesh = self.mesh
         try:
             with np.errstate(all="ignore"):  # overflow wraps/saturates silently, as in torch
+                if self._parked and job.tensors:
+                    self._await_parked_sharing(job)
                 mesh.begin_op(job.seq if job.collective else 0, job.sig)
                 if job.early_error is not None:
                     raise job.early_error
@@ -266,26 +381,50 @@ class Engine:
                     ch = self._channel(job)
                     if job.start is not None:
                         job.start(ch, hosts)
+                if job.park is not None:
+                    self._parked.append(job)
+                    job.park(ch, hosts, lambda error=None, source=-1:
+                             self._land(job, error, source))
+                    mesh.end_op()
+                    return False
                 if EARLY_START and threading.current_thread() is self._thread:
                     ch.on_sends_done = lambda: self._start_next(job)
                 job.body(ch, hosts)
                 job.handoff.release()
                 mesh.end_op()
         except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
-            err = self._wrap(job, e)
-            self.error = err
-            log.error("%s", err)
-            _discard(job)
-            job.work.fail(err)
-            if not mesh.closed:
-                # Forward the original reason (not our wrapper) so messages do not nest; a
-                # mismatch's own text names both ops and ranks (and starts with MISMATCH, which
-                # tells the peers what it is).
-                reason = getattr(e, "origin", None) or (
-                    str(e) if isinstance(e, MismatchError) else str(err))
-                mesh.fail(reason, err.peer, job.seq)
-            return
+            if job in self._parked:
+                self._parked.remove(job)
+            self._fail(job, e)
+            return True
         job.work.complete(job.handoff.gate(), job.handoff.result_context())
+        return True
+
+    def _await_parked_sharing(self, job: Job) -> None:
+        """Ops on one tensor run in issue order: before ``job`` runs, a parked op on a tensor
+        it shares waits to finish (serving the sockets meanwhile)."""
+        while self.error is None and any(_share_storage(job.tensors, p.tensors)
+                                         for p in self._parked):
+            self._serve(idle=False)
+        if self.error is not None:
+            raise self._later_error(job)
+
+    def _fail(self, job: Job, e: BaseException) -> None:
+        """``job`` failed: the group breaks; its peers and every parked op learn why."""
+        mesh = self.mesh
+        err = self._wrap(job, e)
+        self.error = err
+        log.error("%s", err)
+        _discard(job)
+        job.work.fail(err)
+        self._fail_parked()
+        if not mesh.closed:
+            # Forward the original reason (not our wrapper) so messages do not nest; a
+            # mismatch's own text names both ops and ranks (and starts with MISMATCH, which
+            # tells the peers what it is).
+            reason = getattr(e, "origin", None) or (
+                str(e) if isinstance(e, MismatchError) else str(err))
+            mesh.fail(reason, err.peer, job.seq)
 
     def _start_next(self, running: Job) -> None:
         """Comm thread, inside ``running``'s body once its sends are all queued: take the next
@@ -378,6 +517,7 @@ class Engine:
                 self.error = self.error or CollectiveError(
                     f"mccl process group '{self.label}' was aborted", op="abort")
             self._q.put(None)
+            self._wake()
         mesh = self.mesh
         if abort:
             mesh.close()
@@ -389,15 +529,23 @@ class Engine:
             self._thread.join(timeout=drain_s)
             if self._thread.is_alive():
                 log.error("mccl group '%s': comm thread did not stop", self.label)
+        # After a failure only our error frames are left to go out: a short, bounded wait.
+        deadline = time.monotonic() + (drain_s if self.error is None else ERROR_FLUSH_S)
         if not mesh.closed:
             peers = [p.rank for p in mesh.peers if p is not None]
-            # After a failure only our error frames are left to go out: a short, bounded wait.
-            deadline = time.monotonic() + (drain_s if self.error is None else ERROR_FLUSH_S)
             try:  # let queued bytes (or our error frames) reach the peers before we go
                 mesh.flush(peers, deadline, poll=False)
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
-            if self.error is None:
-                mesh.say_bye(deadline)
-                self._report_unread()
+        if not self._thread.is_alive():  # else the stuck comm thread still owns them
+            self._settle_landed()  # sends the flush let finish
+            how = "aborted" if abort else "shut down"
+            self._fail_parked(CollectiveError(
+                f"mccl process group '{self.label}' was {how} before this op finished",
+                op="shutdown"))
+        if not mesh.closed and self.error is None:
+            mesh.say_bye(deadline)
+            self._report_unread()
         mesh.dispose()
+        self._wake_r.close()
+        self._wake_w.close()

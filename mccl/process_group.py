@@ -7,6 +7,7 @@ no ring maths here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from . import collectives as coll
 from . import config
 from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
+from .device.cpu import CpuAdapter
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
@@ -86,6 +88,23 @@ def _master_addr(store) -> str | None:
     return None
 
 
+def _drops_coalescing_on_error(method):
+    """For the coalesced ops torch's coalescing manager issues at the end of its block, just
+    before ``_end_coalescing``: if one raises (bad input), torch skips that call, so the
+    coalescing state is dropped here (else every later op would be collected for an end that
+    never comes, and none would run inline)."""
+
+    @functools.wraps(method)
+    def op(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._coalesced = None
+            raise
+
+    return op
+
+
 class ProcessGroupMCCL(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run over mccl's TCP rings."""
 
@@ -144,6 +163,19 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if not self._group_name:
             raise RuntimeError("ProcessGroup name not set")
         return self._group_name
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types this group serves (c10d's read-only property lists the backends
+        registered on a group; a Python group registers none, and torch's state-dict and
+        checkpoint helpers pick their device from this list)."""
+        devices = [torch.device("cpu")]
+        if torch.cuda.is_available():
+            devices.append(torch.device("cuda"))
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            devices.append(torch.device("mps"))
+        return devices
 
     def _get_backend(self, device=None):
         """A Python group is its own backend for every device (init_process_group(device_id=...)
@@ -256,7 +288,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
                 collective: bool = True, opts=None, start=None, segmented=None,
-                device: torch.device | None | object = _UNCHECKED) -> Work:
+                device: torch.device | None | object = _UNCHECKED, park=None) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
@@ -278,7 +310,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         devices = [device] if device is not None and device.type == "cuda" else None
         work = Work(name, result, devices=devices)
         job = Job(name, sig, body, work, handoff, collective=collective, start=start,
-                  tensors=tensors)
+                  tensors=tensors, park=park)
         # A blocking collective runs on the caller's thread when the group is idle: the caller
         # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
         # a loaded host (async ops never do: they must not block the caller).
@@ -306,6 +338,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
                             device=device, start=run.start, segmented=run.stage)
 
+    @_drops_coalescing_on_error
     def allreduce_coalesced(self, tensors, opts=None):
         op_name = "all_reduce_coalesced"
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -402,6 +435,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                  for i, inp in enumerate(inputs)]
         return GroupWork("all_gather_coalesced", works)
 
+    @_drops_coalescing_on_error
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if len(outputs) != len(inputs):
             raise ValueError("mccl all_gather_into_tensor_coalesced: "
@@ -481,6 +515,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
 
+    @_drops_coalescing_on_error
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         if len(outputs) != len(inputs):
             raise ValueError("mccl reduce_scatter_tensor_coalesced: "
@@ -584,29 +619,32 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         t = self._one(op_name, tensors)
         dst = self._peer(op_name, dst)
         device = self._device_of(op_name, [t])
-        if device is not None and device.type != "cpu":
-            # Device tensors go through the ordered queue so the hand-off protocol applies.
-            sig = signature(Kind.SEND_RECV, t.dtype)
-            mesh = self._mesh
-
-            def body(ch, h):
-                mesh.send(dst, P2P, sig, 0, coll.as_bytes(h[0]), tag=tag)
-                mesh.flush([dst], ch.deadline)
-
-            return self._submit(op_name, sig, body, [t], [True], [False], [t], collective=False,
-                                device=device)
-        work = Work(op_name, [t])
         sig = signature(Kind.SEND_RECV, t.dtype)
+        mesh = self._mesh
+        if not isinstance(self._adapter(device), CpuAdapter):
+            # A device tensor takes its turn in the ordered queue, so the hand-off applies;
+            # then the send is parked until written, not holding up the ops behind it.
+            def park(ch, h, done):
+                def written(err):
+                    done(None if err is None else mesh.peer(dst).send_failure())
+
+                if mesh.send(dst, P2P, sig, 0, coll.as_bytes(h[0]), tag=tag, on_done=written):
+                    done()
+
+            return self._submit(op_name, sig, None, [t], [True], [False], [t], collective=False,
+                                device=device, park=park)
+        work = Work(op_name, [t])
 
         def done(err):
             if err is None:
                 work.complete()
-            else:
-                work.fail(CollectiveError(f"mccl send to rank {dst} failed: {err}", op="send",
+            else:  # the sender thread's OSError, explained (e.g. no progress for the timeout)
+                work.fail(CollectiveError(f"mccl send to rank {dst} failed: "
+                                          f"{mesh.peer(dst).send_failure()}", op="send",
                                           peer=dst))
 
         try:
-            if self._mesh.send(dst, P2P, sig, 0, coll.as_bytes(t), tag=tag, on_done=done):
+            if mesh.send(dst, P2P, sig, 0, coll.as_bytes(t), tag=tag, on_done=done):
                 work.complete()
         except Exception as e:  # noqa: BLE001
             work.fail(CollectiveError(f"mccl send to rank {dst} failed: {e}", op="send", peer=dst))
@@ -617,31 +655,29 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int = 0):
         op_name = "recv"
         t = self._one(op_name, tensors)
-        src = self._peer(op_name, src)
-        sig = signature(Kind.SEND_RECV, t.dtype)
-        mesh = self._mesh
-        return self._submit(op_name, sig,
-                            lambda ch, h: mesh.recv_p2p(src, tag, coll.as_bytes(h[0])),
-                            [t], [False], [True], [t], collective=False)
+        return self._post_recv(op_name, t, self._peer(op_name, src), tag)
 
     def recv_anysource(self, tensors, tag: int = 0):
         op_name = "recv_anysource"
-        t = self._one(op_name, tensors)
-        sig = signature(Kind.SEND_RECV, t.dtype)
+        return self._post_recv(op_name, self._one(op_name, tensors), None, tag)
+
+    def _post_recv(self, op_name: str, t: torch.Tensor, src: int | None, tag: int) -> Work:
+        """A receive takes its turn in the queue (for the hand-off of its tensor), then waits
+        aside for its message (``Job.park``): ops issued after it are not held up."""
         mesh = self._mesh
-        holder: list[Work] = []
 
-        def body(ch, h):
-            holder[0].set_source_rank(mesh.recv_p2p_any(tag, coll.as_bytes(h[0]), ch.deadline))
+        def park(ch, h, done):
+            mesh.post_recv(src, tag, coll.as_bytes(h[0]), lambda pr: done(source=pr.source))
 
-        work = self._submit(op_name, sig, body, [t], [False], [True], [t], collective=False)
-        holder.append(work)
-        return work
+        return self._submit(op_name, signature(Kind.SEND_RECV, t.dtype), None, [t], [False],
+                            [True], [t], collective=False, park=park)
 
     # ---- coalescing ----
     def _start_coalescing(self, device=None) -> None:
         if self._coalesced is not None:
-            raise RuntimeError("mccl: coalescing already started on this group")
+            # torch's coalescing manager never nests; it leaves without _end_coalescing when
+            # its block (or the coalesced op it issues at the end) raised: start afresh
+            log.debug("mccl: a coalescing block ended without _end_coalescing; starting anew")
         self._coalesced = []
 
     def _end_coalescing(self, device=None):

@@ -688,3 +688,40 @@ def test_dead_peer_during_staged_all_reduces_errors_on_every_survivor() -> None:
         out = res[rank]
         assert out.get("peer") == 2 and "rank 2" in out["msg"], out
         assert out["op"] == "all_reduce", out
+
+
+def _device_p2p_through_fake_staging(rank: int, world: int) -> str:
+    """Device tensors' sends and receives go through the ordered queue (for the hand-off);
+    they must not hold it up: NCCL-style ring exchanges with the receive issued first, and
+    messages larger than the socket buffers (a send is only written as its peer reads)."""
+    import torch.distributed as dist
+
+    adapter = install_fake_staging(False)
+    ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    n = 4 << 20  # 16 MB
+    s = torch.empty(n)
+    slow_fill(ops.current, s, float(rank), delay=0.02)  # the sends wait for this (O1)
+    r = torch.empty(n)
+    p2p = [dist.P2POp(dist.irecv, r, prv), dist.P2POp(dist.isend, s, nxt)]
+    for w in dist.batch_isend_irecv(p2p):
+        w.wait()
+    ops.current.synchronize()
+    assert torch.equal(r, torch.full((n,), float(prv))), "batch, receive first"
+    # single irecv / isend, receive first, then a collective behind them
+    r2 = torch.empty(n)
+    wr = dist.irecv(r2, prv, tag=3)
+    ws = dist.isend(s, nxt, tag=3)
+    t = torch.full((8,), 1.0)
+    dist.all_reduce(t)
+    for w in (wr, ws):
+        w.wait()
+    ops.current.synchronize()
+    assert torch.equal(r2, torch.full((n,), float(prv))), "irecv, isend, all_reduce"
+    assert torch.equal(t, torch.full((8,), float(world)))
+    return "ok"
+
+
+def test_device_p2p_does_not_hold_up_the_queue() -> None:
+    assert run_ranks(_device_p2p_through_fake_staging, 3, timeout=120,
+                     pg_timeout_s=30) == ["ok"] * 3

@@ -287,17 +287,16 @@ def test_bad_input_is_clear_and_group_stays_usable(mismatch_run) -> None:
 
 
 def _issued_in_different_orders(rank: int, world: int) -> str:
-    """Rank 0 receives from rank 1 before an all-reduce, rank 1 sends after it: each waits
-    for the other (a group's ops run one at a time in issue order, as on NCCL)."""
+    """Rank 0 waits for a message from rank 1 before its all-reduce, rank 1 sends it after
+    its own: each waits for the other (an irecv posted there instead would not block)."""
     import torch
     import torch.distributed as dist
 
     try:
         if rank == 0:
             got = torch.zeros(3)
-            work = dist.irecv(got, 1)
+            dist.recv(got, 1)
             dist.all_reduce(torch.ones(2))
-            work.wait()
         else:
             dist.all_reduce(torch.ones(2))
             dist.send(torch.arange(3.0), 0)

@@ -6,6 +6,7 @@ of failures, so one broken entry point does not hide the others. Values are chec
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -131,6 +132,17 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
                 dist.reduce_scatter_tensor(o, torch.arange(2.0 * world) + i)
         c.eq("coalescing_manager reduce_scatter_tensor", outs[1],
              (torch.arange(2.0 * rank, 2.0 * rank + 2) + 1) * world)
+        # a coalesced op that raises at the block's end (BAND on floats): torch then skips
+        # _end_coalescing; the group must not stay in coalescing mode
+        pg = dist.group.WORLD
+        c.raises("coalescing_manager BAND on float", TypeError, lambda: _band_coalesced(),
+                 "BAND")
+        c.eq("coalescing state dropped after the error", pg._coalesced, None)
+        ts = [torch.full((3,), float(rank))]
+        with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+            dist.all_reduce(ts[0])
+        cm.wait()
+        c.eq("coalescing_manager after an error", ts[0], torch.full((3,), float(sum(range(world)))))
         # all_gather_coalesced: output_lists[rank][i] gets that rank's input i
         ins = [torch.full((2,), float(rank)), torch.full((1, 3), float(-rank))]
         outs2 = [[torch.empty(2), torch.empty(1, 3)] for _ in range(world)]
@@ -284,9 +296,46 @@ def _p2p(c: Checker, rank: int, world: int) -> None:
         c.eq("batch_isend_irecv both ways", (r1[0].item(), r2[0].item()),
              (float(prv), -float(nxt)))
 
+    def beside_collectives() -> None:
+        """A posted receive does not hold up the group's later ops (as on gloo): each message
+        here is sent only after ops the receiver issued behind its irecv."""
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for n in (3, 2 << 20):  # small, and 8 MB (larger than the socket buffers)
+            got = torch.empty(n)
+            w = dist.irecv(got, prv, tag=7)
+            t = torch.full((n,), float(rank))
+            dist.all_reduce(t)
+            dist.send(torch.full((n,), float(rank)), nxt, tag=7)
+            w.wait()
+            c.eq(f"irecv before all_reduce n={n}: message", got, torch.full((n,), float(prv)))
+            c.eq(f"irecv before all_reduce n={n}: sum", t,
+                 torch.full((n,), float(sum(range(world)))))
+        # any source, posted before a barrier; two receives from one peer and tag keep order
+        if rank == 0:
+            first, second = torch.empty(2), torch.empty(2)
+            wa = dist.irecv(first, tag=8)
+            wb = dist.irecv(second, world - 1, tag=8)
+            dist.barrier()
+            wa.wait()
+            wb.wait()
+            c.eq("any-source receive: sender", wa.source_rank(), world - 1)
+            c.eq("posted receives fill in order: first", first, torch.tensor([1.0, 1.0]))
+            c.eq("posted receives fill in order: second", second, torch.tensor([2.0, 2.0]))
+        else:
+            dist.barrier()
+            if rank == world - 1:
+                dist.send(torch.tensor([1.0, 1.0]), 0, tag=8)
+                dist.send(torch.tensor([2.0, 2.0]), 0, tag=8)
+        dist.barrier()
+
     for name, fn in (("send/recv tags", tags), ("any source", any_source),
-                     ("batch_isend_irecv", batch)):
+                     ("batch_isend_irecv", batch), ("p2p beside collectives", beside_collectives)):
         c.run(name, fn)
+
+
+def _band_coalesced() -> None:
+    with _coalescing_manager(device=torch.device("cpu"), async_ops=True):
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
 
 
 def _objects(c: Checker, rank: int, world: int) -> None:
@@ -313,7 +362,26 @@ def _objects(c: Checker, rank: int, world: int) -> None:
             dist.recv_object_list(got, src=0)
             c.eq("send/recv_object_list", got, [1, "two", {3: 4}])
 
+    def state_dict_from_rank0() -> None:
+        """torch's checkpoint helpers pick their device from the group's device types (a
+        Python group registers none with c10d): load on rank 0, broadcast to a meta model."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        types = dist.group.WORLD._device_types
+        c.eq("group device types include cpu", torch.device("cpu") in types, True)
+        torch.manual_seed(0)
+        full = torch.nn.Linear(4, 3).state_dict()
+        with torch.device("meta"):
+            model = torch.nn.Linear(4, 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch's own deprecation notice
+            set_model_state_dict(model, full if rank == 0 else {}, options=StateDictOptions(
+                full_state_dict=True, broadcast_from_rank0=True))
+        c.eq("set_model_state_dict(broadcast_from_rank0)", model.weight.detach(),
+             full["weight"])
+
     c.run("object collectives", objects)
+    c.run("state dict from rank 0", state_dict_from_rank0)
 
 
 def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:

@@ -343,10 +343,28 @@ def _feed(data: bytes, receive) -> None:
 @settings(FUZZ, max_examples=600)
 @given(st.lists(_frame_bytes, min_size=1, max_size=3).map(b"".join))
 def test_recv_random_bytes_from_fake_peer(data: bytes) -> None:
-    """recv_data and recv_p2p on garbage: a PeerError or MismatchError (or, for a valid frame,
-    data), never another exception, a crash or a huge allocation."""
+    """recv_data and a posted p2p receive on garbage: a PeerError or MismatchError (or, for a
+    valid frame, data), never another exception, a crash or a huge allocation."""
     _feed(data, lambda m: m.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
-    _feed(data, lambda m: m.recv_p2p(1, 0, np.zeros(16, dtype=np.uint8)))
+    _feed(data, _posted_receive)
+
+
+def _posted_receive(mesh) -> None:
+    """Post a p2p receive and serve the sockets until it is filled, serving raises, or a
+    large frame of a later collective is left in the socket for its op (the receive would
+    then fail at the group timeout)."""
+    filled: list = []
+    mesh.post_recv(1, 0, np.zeros(16, dtype=np.uint8), filled.append)
+    wake, other = socket.socketpair()
+    try:
+        for _ in range(50):
+            if filled or mesh._held:
+                return
+            mesh.serve(0.05, wake)
+        raise AssertionError("a posted receive was neither filled nor failed")
+    finally:
+        wake.close()
+        other.close()
 
 
 # ---------------------------------------------------------------- transport failure paths
@@ -593,8 +611,9 @@ def test_blocked_rank_announces_what_it_waits_for() -> None:
 
 @pytest.mark.parametrize("abort", [False, True])
 def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
-    """A receive nobody answers and an op queued behind it: shutdown (bounded drain) or abort
-    completes both Works with an error, and later submits raise at once."""
+    """A posted receive nobody answers, an op blocked on data nobody sends and an op queued
+    behind it: shutdown (bounded drain) or abort completes every Work with an error, and
+    later submits raise at once."""
     from mccl import CollectiveError
     from mccl.device.cpu import CpuHandoff
     from mccl.engine import Engine, Job
@@ -606,10 +625,14 @@ def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
     def job(name: str, body, collective: bool = True) -> Job:
         return Job(name, SIG, body, Work(name), CpuHandoff([]), collective=collective)
 
-    stuck = engine.submit(job("recv", lambda ch, h: mesh.recv_p2p(1, 0, bytearray(4)), False))
+    posted = job("recv", None, False)  # parked: a message nobody sends
+    posted.park = lambda ch, h, done: mesh.post_recv(1, 0, bytearray(4), lambda pr: done())
+    posted = engine.submit(posted)
+    stuck = engine.submit(job("all_reduce", lambda ch, h: mesh.recv_data(1, 2, SIG,
+                                                                         bytearray(4))))
     behind = engine.submit(job("all_reduce", lambda ch, h: None))
     engine.shutdown(abort=abort, drain_s=0.5)
-    for w in (stuck, behind):
+    for w in (posted, stuck, behind):
         assert w.is_completed()
         with pytest.raises(CollectiveError, match="aborted" if abort else "shut down"):
             w.wait()

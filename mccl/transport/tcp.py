@@ -190,6 +190,20 @@ def _stall_alone(p: Peer, got: int, stall: list | None) -> list:
     return stall
 
 
+@dataclass(eq=False)
+class PostedRecv:
+    """A point-to-point receive waiting for its message (``Mesh.post_recv``). Whichever read of
+    the comm thread meets the message fills ``buf``, so a receive never holds up the group's
+    other ops (gloo's semantics: an ``irecv`` posted before a collective does not block it)."""
+
+    src: int | None  # None: from any peer
+    tag: int
+    buf: memoryview
+    since: float  # when it was posted (the group timeout counts from here)
+    on_filled: Callable[[PostedRecv], None]
+    source: int = -1  # the peer it came from, once filled
+
+
 class Peer:
     """One connected peer: the socket, its sender thread and the frames read ahead of time."""
 
@@ -262,7 +276,7 @@ class Peer:
                 if self._pending or self._stopping:
                     return None
                 if self.send_error is not None:
-                    raise self._send_failure()
+                    raise self.send_failure()
                 mv = _as_bytes(payload) if payload is not None else None
                 frame = [header, mv] if mv is not None else [header]
                 total = len(header) + (len(mv) if mv is not None else 0)
@@ -275,7 +289,7 @@ class Peer:
                         self._push()
                 except OSError as e:
                     self.send_error = e
-                    raise self._send_failure() from e
+                    raise self.send_failure() from e
                 if sent == total:
                     return True
                 head = header[sent:]
@@ -343,7 +357,7 @@ class Peer:
                 except Exception:  # a completion callback must not kill the sender
                     log.exception("send completion callback failed")
 
-    def _send_failure(self) -> PeerError:
+    def send_failure(self) -> PeerError:
         e = self.send_error
         if isinstance(e, _TIMEOUTS) or getattr(e, "errno", None) in (errno.EAGAIN,
                                                                    errno.EWOULDBLOCK):
@@ -459,6 +473,11 @@ class Mesh:
         self._ahead: dict[int, list[tuple[int, Signature]]] = {}  # probes for ops not begun
         self._probed: tuple[int, int] | None = None
         self._polling = False
+        #: Receives waiting for their message, in the order they were posted (comm thread).
+        self.posted: list[PostedRecv] = []
+        #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
+        #: until that op reads it; ``serve`` does not wait on them meanwhile.
+        self._held: set[int] = set()
 
     def peer(self, r: int) -> Peer:
         p = self.peers[r]
@@ -476,6 +495,7 @@ class Mesh:
         sent for it before this rank got here."""
         self.cur_seq = seq
         self.cur_sig = sig
+        self._held.clear()
         if seq:
             self._hist[seq % HISTORY] = (seq, sig)
             if self._ahead:
@@ -535,7 +555,7 @@ class Mesh:
         (on a loaded host that took milliseconds), and queues the rest."""
         p = self.peer(peer)
         if p.send_error is not None:
-            raise p._send_failure()
+            raise p.send_failure()
         p.sent_since_state = True
         if nbytes <= INLINE_MAX_BYTES:
             if p.write_now(header, payload, copy_rest=True) is None:
@@ -576,7 +596,7 @@ class Mesh:
                     self._poll(None)
             p = self.peer(r)
             if p.send_error is not None:
-                raise p._send_failure()
+                raise p.send_failure()
 
     # ---- receives (comm thread) ----
     def _header(self, p: Peer) -> Header:
@@ -635,7 +655,8 @@ class Mesh:
     def _stash(self, p: Peer, hdr: Header) -> None:
         """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
         if hdr.kind == P2P:
-            p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+            if not self._deliver(p, hdr):
+                p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
         elif hdr.kind == DATA:
             self._check_early(p, hdr)
             p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
@@ -718,13 +739,117 @@ class Mesh:
             )
 
     def _from_stash(self, p: Peer, tag: int, mv: memoryview) -> bool:
+        """Fill ``mv`` with the oldest stashed message from ``p`` with ``tag``, if there is one."""
         for i, (hdr, data) in enumerate(p.p2p_stash):
             if hdr.sig.root == tag:
-                del p.p2p_stash[i]
                 self._take_p2p(p, hdr, tag, mv)
+                del p.p2p_stash[i]
                 mv[:] = data
                 return True
         return False
+
+    # ---- posted receives (comm thread) ----
+    def post_recv(self, src: int | None, tag: int, buf,
+                  on_filled: Callable[[PostedRecv], None]) -> PostedRecv:
+        """Receive the next message with ``tag`` from ``src`` (None: any peer) into ``buf``
+        without waiting for it: ``on_filled`` is called (on the reading thread) once it is
+        there, at once if it was read ahead already. Messages from one peer with one tag fill
+        receives in the order they were posted."""
+        pr = PostedRecv(src, tag, _as_bytes(buf), time.monotonic(), on_filled)
+        for p in ([self.peer(src)] if src is not None else self._live()):
+            if self._from_stash(p, tag, pr.buf):
+                self._filled(pr, p)
+                return pr
+        self.posted.append(pr)
+        return pr
+
+    def _filled(self, pr: PostedRecv, p: Peer) -> None:
+        pr.source = p.rank
+        self._probed = None  # a later wait for this peer is news again
+        pr.on_filled(pr)
+
+    def _receiver(self, p: Peer, hdr: Header) -> PostedRecv | None:
+        """The posted receive a p2p frame from ``p`` fills (None: nobody has asked for it yet,
+        or an older message with its tag waits in the stash)."""
+        tag = hdr.sig.root
+        if not self.posted or any(h.sig.root == tag for h, _ in p.p2p_stash):
+            return None
+        for pr in self.posted:
+            if pr.tag == tag and pr.src in (None, p.rank):
+                return pr
+        return None
+
+    def _deliver(self, p: Peer, hdr: Header) -> bool:
+        """A p2p frame whose header was just read from ``p``: read its payload straight into
+        the posted receive that wants it; False if none does (the caller stashes it)."""
+        pr = self._receiver(p, hdr)
+        if pr is None:
+            return False
+        self.posted.remove(pr)
+        self._take_p2p(p, hdr, pr.tag, pr.buf)
+        p.recv_exact(pr.buf)
+        self._filled(pr, p)
+        return True
+
+    def serve(self, timeout_s: float, wake: socket.socket) -> None:
+        """The comm thread is idle while receives are posted or sends are on their way: wait up
+        to ``timeout_s`` for bytes from any peer (or a byte on ``wake``: new work), then read
+        every complete frame that arrived: messages for posted receives straight into their
+        buffers, other messages stashed, small frames of a later collective stashed (a large
+        one stays in the socket for its op), control frames handled (an error frame or a
+        dead peer raises). Raises when a posted receive waited the group timeout."""
+        if self.closed:
+            raise PeerError(self.rank, "the process group was shut down")
+        self._polling = True  # a stalled read in here must not probe or poll
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(wake, selectors.EVENT_READ, None)
+                for q in self._live():
+                    if not q.eof and q.rank not in self._held:
+                        sel.register(q.sock, selectors.EVENT_READ, q)
+                for key, _ in sel.select(timeout_s):
+                    q = key.data
+                    if q is None:
+                        try:
+                            wake.recv(4096)
+                        except OSError:
+                            pass
+                        continue
+                    read = self._poll_peer(q, any_p2p=True)
+                    if read is None:
+                        self._held.add(q.rank)
+                    elif read == 0 and not q.eof:
+                        # readable, but not a whole header yet: wait for the rest of it here
+                        # (rather than spin on the select), or for the end of the stream
+                        self._stash(q, self._header(q))
+        finally:
+            self._polling = False
+        self._check_posted()
+
+    def _check_posted(self) -> None:
+        """Tell the peers what the oldest posted receive waits for once it waited ``probe_s``;
+        raise once it waited the group timeout, or when its sender has shut the group down."""
+        now = time.monotonic()
+        for pr in self.posted:
+            peers = [self.peer(pr.src)] if pr.src is not None else self._live()
+            if all(q.eof for q in peers):
+                who = f"rank {pr.src}" if pr.src is not None else "every peer"
+                raise PeerError(pr.src if pr.src is not None else self.rank,
+                                f"{who} shut the group down before sending the message with "
+                                f"tag {pr.tag} that rank {self.rank} waits for")
+        if not self.posted:
+            return
+        pr = self.posted[0]
+        waited = now - pr.since
+        if waited >= self.probe_s:
+            self._probe(pr.src if pr.src is not None else -1)
+        if waited >= self.timeout_s:
+            if pr.src is None:
+                raise PeerError(self.rank, f"no message with tag {pr.tag} from any rank for "
+                                           f"{waited:.0f}s (group timeout)")
+            raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
+                                    f"{waited:.0f}s (group timeout)"
+                                    f"{self._waits_on_us(self.peer(pr.src))}")
 
     def _read_one(self, p: Peer, tag: int, mv: memoryview) -> bool:
         """Read one frame from ``p``; True if it was the awaited p2p message (now in mv)."""
@@ -735,14 +860,6 @@ class Mesh:
             return True
         self._aside(p, hdr)
         return False
-
-    def recv_p2p(self, peer: int, tag: int, buf) -> None:
-        p = self.peer(peer)
-        mv = _as_bytes(buf)
-        if self._from_stash(p, tag, mv):
-            return
-        while not self._read_one(p, tag, mv):
-            pass
 
     def recv_p2p_any(self, tag: int, buf, deadline: float) -> int:
         """Receive a p2p message with ``tag`` from whichever peer sends first; return its rank."""
@@ -801,9 +918,9 @@ class Mesh:
         what = (f"op #{st[0]} {describe_signature(st[1], self.describe)}" if st[0]
                 else "a point-to-point op")
         return (f"; rank {p.rank} last reported waiting for rank {self.rank} in {what}: each "
-                "waits for the other (a group runs its ops, point-to-point ones included, one "
-                "at a time in the order each rank issued them; did the two ranks issue them "
-                "in different orders?)")
+                "waits for the other (a group runs its collectives one at a time in the order "
+                "each rank issued them, and a blocking receive keeps its caller from issuing "
+                "what follows it; did the two ranks issue their ops in different orders?)")
 
     def _excused(self, p: Peer, waited: float) -> bool:
         """The awaited peer said it is itself blocked in this op on a third rank: give that
@@ -867,19 +984,28 @@ class Mesh:
         self._polling = True
         try:
             for q in self.peers:
-                if q is None or q is awaited or q.eof:
-                    continue
-                for _ in range(POLL_FRAMES):
-                    peeked = self._peek_header(q)
-                    if peeked is None:
-                        break
-                    if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
-                        if peeked.kind == DATA:
-                            self._check_early(q, peeked)
-                        break
-                    self._stash(q, self._header(q))
+                if q is not None and q is not awaited and not q.eof:
+                    self._poll_peer(q)
         finally:
             self._polling = False
+
+    def _poll_peer(self, q: Peer, any_p2p: bool = False) -> int | None:
+        """Read ``q``'s frames that have arrived whole (at most ``POLL_FRAMES``); return how
+        many, or None where it stopped at a frame too large to stash, left in the socket. A p2p
+        message a posted receive wants is always read (into that receive); other large ones
+        only with ``any_p2p``."""
+        for n in range(POLL_FRAMES):
+            peeked = self._peek_header(q)
+            if peeked is None:
+                return n
+            if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
+                if peeked.kind == DATA:
+                    self._check_early(q, peeked)
+                    return None
+                if not any_p2p and self._receiver(q, peeked) is None:
+                    return None
+            self._stash(q, self._header(q))
+        return POLL_FRAMES
 
     # ---- what the peers sent that was never read (clean shutdown) ----
     def unread(self, grace_s: float) -> list[str]:
