@@ -27,7 +27,18 @@ ENV_DOCS = {
 class Config:
     socket_ifname: str | None
     unified: bool
-    log_level: str
+    log_level: int | str
+
+
+def _log_level(value: str | None) -> int | str:
+    """A logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL) or number."""
+    v = (value or "").strip().upper() or "WARNING"
+    if v.lstrip("-").isdigit():
+        return int(v)
+    if v in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL", "NOTSET"):
+        return v
+    raise ValueError(f"{LOG_LEVEL_ENV}={value!r}: expected a logging level (DEBUG, INFO, "
+                     "WARNING, ERROR, CRITICAL) or a number")
 
 
 def _flag(value: str | None, default: bool) -> bool:
@@ -46,5 +57,5 @@ def load() -> Config:
     return Config(
         socket_ifname=os.environ.get(SOCKET_IFNAME_ENV) or None,
         unified=_flag(os.environ.get(UNIFIED_ENV), True),
-        log_level=os.environ.get(LOG_LEVEL_ENV, "WARNING").upper(),
+        log_level=_log_level(os.environ.get(LOG_LEVEL_ENV)),
     )

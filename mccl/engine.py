@@ -20,6 +20,7 @@ sockets and on a wake-up socket that ``submit`` writes to (``Mesh.serve``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import socket
@@ -191,9 +192,12 @@ def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 class Engine:
     """Comm thread + ordered queue of one process group."""
 
-    def __init__(self, mesh: Mesh, label: str, timeout_s: float, chunk_cap: int):
+    def __init__(self, mesh: Mesh, label: str, timeout_s: float, chunk_cap: int,
+                 global_ranks: list[int] | None = None):
         self.mesh = mesh
         self.label = label
+        #: Group rank -> global rank, for error messages of subgroups.
+        self.global_ranks = global_ranks or list(range(mesh.size))
         self.timeout_s = timeout_s
         self.chunk_cap = chunk_cap  # the group's (base.chunk_cap), for every op's channel
         self.scratch = Scratch()
@@ -277,13 +281,14 @@ class Engine:
             self._serve(idle=True)
 
     def _serve(self, idle: bool) -> None:
-        """Wait a little for the parked ops' bytes (``idle``: unless a job is queued)."""
+        """Wait a little for the parked ops' bytes. ``idle``: between jobs (unless one is
+        queued); else inside a job's turn, which holds the executor lock already."""
         with self._seq_lock:
             if idle and not self._q.empty():
                 return
             self._serving = True
         try:
-            with self._exec_lock:
+            with self._exec_lock if idle else contextlib.nullcontext():
                 self.mesh.serve(self.mesh.probe_s, self._wake_r)
         except BaseException as e:  # noqa: BLE001 - fails the parked ops and the group
             job = self._parked.pop(0)  # the oldest takes the blame; the rest fail with it
@@ -396,6 +401,8 @@ class Engine:
             if job in self._parked:
                 self._parked.remove(job)
             self._fail(job, e)
+            if not isinstance(e, Exception) and threading.current_thread() is not self._thread:
+                raise  # Ctrl-C (or SystemExit) in an op run inline: the caller's, unwrapped
             return True
         job.work.complete(job.handoff.gate(), job.handoff.result_context())
         return True
@@ -455,9 +462,14 @@ class Engine:
         job.early = (ch, hosts)
         self.early_starts += 1
 
+    def _rank(self, r: int) -> str:
+        """A group rank, with its global rank where the two differ (subgroups)."""
+        g = self.global_ranks[r] if 0 <= r < len(self.global_ranks) else r
+        return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+
     def _where(self, job: Job) -> str:
         op = f"op #{job.seq}" if job.collective else "p2p"
-        return f"mccl {job.name} ({op}) on rank {self.mesh.rank} of group '{self.label}'"
+        return f"mccl {job.name} ({op}) on {self._rank(self.mesh.rank)} of group '{self.label}'"
 
     def _wrap(self, job: Job, e: BaseException) -> CollectiveError:
         peer = getattr(e, "culprit", getattr(e, "peer", None))
@@ -470,7 +482,7 @@ class Engine:
             kind = MISMATCH if isinstance(e, MismatchError) else (
                 "peer failure" if isinstance(e, PeerError) else type(e).__name__)
             what = cause if cause.startswith(kind) else f"{kind}: {cause}"
-        who = f" [peer rank {peer}]" if peer is not None else ""
+        who = f" [peer {self._rank(peer)}]" if peer is not None else ""
         err = CollectiveError(f"{self._where(job)} failed{who}: {what}", op=job.name, peer=peer)
         err.__cause__ = e
         return err

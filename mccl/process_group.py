@@ -28,7 +28,7 @@ from .ops import Kind, describe, signature
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.rendezvous import choose_address, connect_mesh, cores_per_rank
-from .transport.tcp import Mesh
+from .transport.tcp import Mesh, PeerError
 from .work import GroupWork, Work, completed_work
 
 log = logging.getLogger("mccl")
@@ -125,13 +125,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout_s = timeout.total_seconds()
         address = choose_address(cfg.socket_ifname, _master_addr(store))
         # Agreed before any socket opens (it waits for every rank's key, as connecting does).
-        cores = cores_per_rank(store, rank, size, self._label)
+        cores = cores_per_rank(store, rank, size, self._label, timeout_s)
         cap = chunk_cap(cores)
         log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label, cores,
                  cap >> 10)
         group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
-        self._engine = Engine(self._mesh, self._label, timeout_s, cap)
+        self._engine = Engine(self._mesh, self._label, timeout_s, cap, self._global_ranks)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
@@ -200,6 +200,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"mccl {op}: expected tensors, got {type(t).__name__}")
+            if t.is_nested:
+                raise ValueError(f"mccl {op}: nested tensors are not supported")
             if t.layout != torch.strided:
                 raise ValueError(f"mccl {op}: only dense tensors are supported, got {t.layout}")
             if not t.is_contiguous():
@@ -244,6 +246,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if peer == self.rank():
             raise ValueError(f"mccl {op}: rank {peer} cannot {op} to/from itself")
         return peer
+
+    def _tag(self, op: str, tag: int) -> int:
+        """A p2p tag travels as a signed 32-bit field; one value is mccl's own."""
+        if not isinstance(tag, int) or not -(1 << 31) <= tag < (1 << 31) or tag == _MONITOR_TAG:
+            raise ValueError(f"mccl {op}: tag {tag!r} is not supported (an int from -2**31 to "
+                             f"2**31 - 1, except {_MONITOR_TAG})")
+        return tag
 
     def _same_dtype(self, op: str, tensors: Sequence[torch.Tensor]) -> None:
         dtypes = {t.dtype for t in tensors}
@@ -618,6 +627,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         op_name = "send"
         t = self._one(op_name, tensors)
         dst = self._peer(op_name, dst)
+        tag = self._tag(op_name, tag)
         device = self._device_of(op_name, [t])
         sig = signature(Kind.SEND_RECV, t.dtype)
         mesh = self._mesh
@@ -639,13 +649,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if err is None:
                 work.complete()
             else:  # the sender thread's OSError, explained (e.g. no progress for the timeout)
-                work.fail(CollectiveError(f"mccl send to rank {dst} failed: "
-                                          f"{mesh.peer(dst).send_failure()}", op="send",
-                                          peer=dst))
+                work.fail(CollectiveError(f"mccl send: {mesh.peer(dst).send_failure()}",
+                                          op="send", peer=dst))
 
         try:
+            mesh.check_open(dst)  # no reader watches an idle group: look before sending
             if mesh.send(dst, P2P, sig, 0, coll.as_bytes(t), tag=tag, on_done=done):
                 work.complete()
+        except PeerError as e:
+            work.fail(CollectiveError(f"mccl send: {e}", op="send", peer=dst))
         except Exception as e:  # noqa: BLE001
             work.fail(CollectiveError(f"mccl send to rank {dst} failed: {e}", op="send", peer=dst))
         if self._coalesced is not None:
@@ -655,11 +667,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def recv(self, tensors, src: int, tag: int = 0):
         op_name = "recv"
         t = self._one(op_name, tensors)
-        return self._post_recv(op_name, t, self._peer(op_name, src), tag)
+        return self._post_recv(op_name, t, self._peer(op_name, src), self._tag(op_name, tag))
 
     def recv_anysource(self, tensors, tag: int = 0):
         op_name = "recv_anysource"
-        return self._post_recv(op_name, self._one(op_name, tensors), None, tag)
+        return self._post_recv(op_name, self._one(op_name, tensors), None,
+                               self._tag(op_name, tag))
 
     def _post_recv(self, op_name: str, t: torch.Tensor, src: int | None, tag: int) -> Work:
         """A receive takes its turn in the queue (for the hand-off of its tensor), then waits

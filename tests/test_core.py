@@ -267,6 +267,24 @@ def test_socket_ifname_unknown_interface_is_clear() -> None:
     assert choose_address("lo", None) == "127.0.0.1"
 
 
+@pytest.mark.parametrize("value, level", [("", "WARNING"), ("info", "INFO"), ("10", 10)])
+def test_log_level_names_and_numbers(monkeypatch, value: str, level) -> None:
+    from mccl import config
+
+    monkeypatch.setenv(config.LOG_LEVEL_ENV, value)
+    assert config.load().log_level == level
+
+
+@pytest.mark.parametrize("var, value", [("MCCL_LOG_LEVEL", "verbose"),
+                                        ("MCCL_UNIFIED_COLLECTIVE", "maybe")])
+def test_bad_environment_values_name_their_variable(monkeypatch, var: str, value: str) -> None:
+    from mccl import config
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=var):
+        config.load()
+
+
 def test_chunk_cap_follows_the_fewest_cores_per_rank() -> None:
     """Ranks sharing a machine share its cores; a rank's own affinity mask can be smaller;
     the group takes the fewest. Below MIN_CORES_PER_RANK the CPU-bound cap applies."""

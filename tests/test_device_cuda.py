@@ -115,6 +115,25 @@ def _ops(rank: int, world: int) -> bool:
         r = torch.zeros(10, device=dev)
         dist.recv(r, src=0)
         assert torch.equal(r, torch.arange(10.0, device=dev) + 1)
+    # p2p does not hold up the queue: an NCCL-style ring exchange with the receive issued
+    # first (16 MB, more than the socket buffers hold), then an irecv before a collective
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    big = torch.empty(4 << 20, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    big.fill_(rank)
+    got = torch.empty_like(big)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, prv),
+                                     dist.P2POp(dist.isend, big, nxt)]):
+        w.wait()
+    assert (got * 1).min().item() == (got * 1).max().item() == prv
+    small = torch.empty(3, device=dev)
+    w = dist.irecv(small, prv, tag=4)
+    z = torch.ones(8, device=dev)
+    dist.all_reduce(z)
+    dist.send(torch.full((3,), float(rank), device=dev), nxt, tag=4)
+    w.wait()
+    assert torch.equal(small * 1, torch.full((3,), float(prv), device=dev))
+    assert z.min().item() == world
     # pinned host buffers are pooled: repeated ops of one size allocate once
     adapter = getattr(dist.group.WORLD, "_adapters", {}).get(str(dev))
     before = adapter.pool.allocations if adapter is not None else 0

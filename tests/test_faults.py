@@ -218,6 +218,9 @@ def _bad_inputs(rank: int, w: int):
                                   ["contiguous"]),
         "root": (lambda: dist.broadcast(o(2), src=w + 3), []),
         "recv from self": (lambda: dist.recv(o(2), src=rank), ["itself"]),
+        "nested": (lambda: dist.all_reduce(torch.nested.nested_tensor([o(2), o(3)])),
+                   ["nested"]),
+        "tag range": (lambda: dist.send(o(2), dst=(rank + 1) % w, tag=1 << 40), ["tag"]),
     }
 
 
@@ -398,3 +401,94 @@ def test_stray_data_is_reported_at_shutdown(world: int) -> None:
             assert "never received" in sent[0] and "rank 0 sent rank 1" in sent[0], sent
         else:
             assert sent == [], sent
+
+
+# ---------------------------------------------------------------- peers that went away
+
+def _departures(rank: int, world: int) -> dict:
+    """Rank 0's view of peers that left or stopped reading, each on a fresh subgroup; the
+    last scenario leaves the default group's subgroup counters apart, so it comes last."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    out: dict = {}
+    short = timedelta(seconds=1)
+
+    def attempt(fn) -> str:
+        try:
+            fn()
+        except CollectiveError as e:
+            return str(e)
+        return "NO ERROR"
+
+    # 1. A send to a peer that has shut the group down: an error, not a message lost.
+    g = dist.new_group([0, 1])
+    if rank == 1:
+        dist.destroy_process_group(g)
+    dist.barrier()
+    if rank == 0:
+        time.sleep(0.5)  # its BYE has arrived
+        out["send after bye"] = attempt(lambda: dist.send(torch.ones(4), 1, group=g))
+    dist.barrier()
+
+    # 2. The peer found a mismatch and its connections closed (ERROR_LINGER_S later): the
+    # next op of the rank that completed the mismatched op names the mismatch, not a broken
+    # pipe. On ranks 1 and 2, so the messages carry global ranks too.
+    g = dist.new_group([1, 2])
+    if rank in (1, 2):
+        n = 4 if rank == 1 else 6  # broadcast from group rank 0 with different counts
+        first = attempt(lambda: dist.broadcast(torch.ones(n), src=1, group=g))
+        if rank == 1:
+            time.sleep(4.0)  # rank 2's error frame is here and its sockets are closed
+            out["after mismatch"] = (first, attempt(
+                lambda: dist.all_reduce(torch.ones(1 << 18), group=g)))
+    dist.barrier()
+
+    # 3. A send to a peer that stopped reading (its group idle, 64 MB queued): the sender's
+    # error says so within twice the group timeout, not a raw errno.
+    g = dist.new_group([0, 1], timeout=short)
+    if rank == 0:
+        out["send to a silent peer"] = attempt(
+            lambda: dist.send(torch.ones(16 << 20), 1, group=g))
+    dist.barrier()
+
+    # 4. Ctrl-C while blocked in a collective reaches the caller as KeyboardInterrupt.
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+    if rank == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+            out["ctrl-c"] = "NO ERROR"
+        except KeyboardInterrupt:
+            out["ctrl-c"] = "KeyboardInterrupt"
+        except Exception as e:  # noqa: BLE001
+            out["ctrl-c"] = f"{type(e).__name__}: {e}"
+    if rank == 1:
+        time.sleep(1.5)
+        attempt(lambda: dist.all_reduce(torch.ones(4), group=g))
+    dist.barrier()
+
+    # 5. A rank that never joins a new group: the others fail within that group's timeout,
+    # naming it (not after the default group's timeout).
+    if rank != 2:
+        try:
+            dist.new_group([0, 1, 2], timeout=timedelta(seconds=2))
+            out["join"] = "NO ERROR"
+        except Exception as e:  # noqa: BLE001
+            out["join"] = str(e)
+    return out
+
+
+def test_peers_that_went_away_or_stopped_reading() -> None:
+    res = run_ranks(_departures, 3, timeout=180, pg_timeout_s=120)
+    r0, r1 = res[0], res[1]
+    assert "rank 1 has shut the group down" in r0["send after bye"], r0
+    first, after = r1["after mismatch"]
+    assert first == "NO ERROR", first  # the root completed its broadcast
+    assert "collective mismatch" in after and "(global rank 1)" in after, after
+    assert "accepted no data" in r0["send to a silent peer"], r0
+    assert r0["ctrl-c"] == "KeyboardInterrupt", r0
+    for r in (r0, r1):
+        assert "did not join" in r["join"] and "[2]" in r["join"], r["join"]

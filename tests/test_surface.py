@@ -310,6 +310,14 @@ def _p2p(c: Checker, rank: int, world: int) -> None:
             c.eq(f"irecv before all_reduce n={n}: message", got, torch.full((n,), float(prv)))
             c.eq(f"irecv before all_reduce n={n}: sum", t,
                  torch.full((n,), float(sum(range(world)))))
+        # ops on one tensor keep their issue order: the all-reduce waits for the receive
+        buf = torch.empty(5)
+        w = dist.irecv(buf, prv, tag=9)
+        w2 = dist.all_reduce(buf, async_op=True)
+        dist.send(torch.full((5,), float(rank)), nxt, tag=9)
+        w.wait()
+        w2.wait()
+        c.eq("irecv then all_reduce of its tensor", buf, torch.full((5,), float(sum(range(world)))))
         # any source, posted before a barrier; two receives from one peer and tag keep order
         if rank == 0:
             first, second = torch.empty(2), torch.empty(2)

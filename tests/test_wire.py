@@ -98,7 +98,7 @@ def test_listener_drops_intruders_during_setup() -> None:
     ns = namespace(name)
     host, port = store.get(ns + "addr/0").decode().rsplit(":", 1)
     target = (host, int(port))
-    secret = bytes.fromhex(store.get(ns + "secret").decode())
+    secret = bytes.fromhex(store.get(ns + "secret/0").decode())
     group = group_hash(name)
     other = os.urandom(32)
 
@@ -172,7 +172,7 @@ def test_restart_attempt_ignores_the_dead_attempts_keys(monkeypatch) -> None:
     ns0 = namespace(name)
     with socket.socket() as dead:  # attempt 0's rank 0: published, then died
         dead.bind(("127.0.0.1", 0))
-        store.set(ns0 + "secret", os.urandom(32).hex())
+        store.set(ns0 + "secret/0", os.urandom(32).hex())
         store.set(ns0 + "addr/0", f"127.0.0.1:{dead.getsockname()[1]}")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert namespace(name) != ns0
@@ -640,3 +640,36 @@ def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
         engine.submit(job("barrier", lambda ch, h: None))
     for s in far.values():
         s.close()
+
+
+def test_a_failed_send_reports_the_error_frame_the_peer_left() -> None:
+    """The peer reported why it gave up, then closed: sending to it fails with a broken pipe,
+    but the op's error carries the peer's reason (read from the socket), not the pipe."""
+    mesh, far = make_mesh(2)
+    reason = b"collective mismatch: rank 1 issued something else"
+    far[1].sendall(pack_header(ERROR, Signature(0, root=-1), GROUP, 1, len(reason)) + reason)
+    far[1].close()
+    time.sleep(0.2)
+    mesh.begin_op(1, SIG)
+    with pytest.raises(PeerError, match="collective mismatch") as info:
+        for _ in range(100):  # the first writes may still be taken by the socket buffer
+            mesh.send(1, DATA, SIG, 1, np.zeros(1 << 15, dtype=np.uint8))
+            time.sleep(0.01)
+    assert "reported by rank 1" in str(info.value), info.value
+    mesh.dispose()
+
+
+def test_a_send_to_a_peer_that_left_raises_before_it_is_lost() -> None:
+    """``check_open`` (what a CPU p2p send looks at first, from the caller's thread): a
+    peer's BYE or error frame waiting in the socket, or the end of its stream, raises."""
+    for frame, words in ((pack_header(BYE, Signature(0), GROUP, 0, 0), "shut the group down"),
+                         (pack_header(ERROR, Signature(0), GROUP, 0, 4) + b"oops", "oops"),
+                         (b"", "closed the connection")):
+        mesh, far = make_mesh(2)
+        mesh.check_open(1)  # nothing there yet: fine
+        far[1].sendall(frame)
+        far[1].close()
+        time.sleep(0.1)
+        with pytest.raises(PeerError, match=words):
+            mesh.check_open(1)
+        mesh.dispose()

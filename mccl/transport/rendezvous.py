@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import zlib
+from datetime import timedelta
 from typing import Protocol
 
 from . import handshake
@@ -47,6 +48,33 @@ SYSCTL_MAX_BYTES = 128
 class Store(Protocol):
     def set(self, key: str, value: str | bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
+
+
+def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``, the group's timeout: the store's own default is the
+    default group's, 30 minutes unless set) until every rank in ``ranks`` has published its
+    ``{ns}{what}/{rank}`` key; the error names the ranks that did not."""
+    keys = [f"{ns}{what}/{r}" for r in ranks]
+    if not keys:
+        return
+    try:
+        store.wait(keys, timedelta(seconds=max(timeout_s, 0.001)))
+    except Exception as e:  # noqa: BLE001 - torch raises DistStoreError (or RuntimeError)
+        missing = [r for r, k in zip(ranks, keys, strict=True) if not _has(store, k)]
+        if not missing:
+            raise
+        group = ns.rstrip("/").rsplit("/", 1)[-1]
+        raise TimeoutError(f"mccl group '{group}': rank(s) {missing} did not join within "
+                           f"{timeout_s:.0f}s (the group's timeout)") from e
+
+
+def _has(store: Store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:  # noqa: BLE001 - a store that cannot tell: assume present
+        return True
 
 
 def group_hash(name: str) -> int:
@@ -114,10 +142,12 @@ def choose_address(ifname: str | None, master: str | None) -> str:
     return _route_address(master)
 
 
-def shared_secret(store: Store, ns: str, rank: int) -> bytes:
-    key = ns + "secret"
+def shared_secret(store: Store, ns: str, rank: int, timeout_s: float) -> bytes:
+    key = ns + "secret/0"
     if rank == 0:
         store.set(key, secrets.token_hex(32))
+    else:
+        await_ranks(store, ns, "secret", [0], timeout_s)
     return bytes.fromhex(store.get(key).decode())
 
 
@@ -301,7 +331,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         return group, {}
     ns = namespace(group_name)
     deadline = time.monotonic() + timeout_s
-    secret = shared_secret(store, ns, rank)
+    secret = shared_secret(store, ns, rank, timeout_s)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind((address, 0))
@@ -311,6 +341,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         store.set(f"{ns}addr/{rank}", f"{address}:{port}")
         socks: dict[int, socket.socket] = {}
         try:
+            await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic())
             for peer in range(rank):
                 addr = store.get(f"{ns}addr/{peer}").decode()
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline)
@@ -397,7 +428,8 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
     return min(min(own, total / on_machine[machine]) for machine, total, own in facts)
 
 
-def cores_per_rank(store: Store, rank: int, size: int, group_name: str) -> float:
+def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
+                   timeout_s: float) -> float:
     """The fewest cores any rank of the group can count on (``fewest_cores``): each rank
     publishes its ``machine_facts`` and reads everyone's, so every rank computes the same
     value. A key left by an earlier group of the same name holds the same rank's facts."""
@@ -406,6 +438,7 @@ def cores_per_rank(store: Store, rank: int, size: int, group_name: str) -> float
         return fewest_cores([mine])
     ns = namespace(group_name)
     store.set(f"{ns}cores/{rank}", " ".join(map(str, mine)))
+    await_ranks(store, ns, "cores", [r for r in range(size) if r != rank], timeout_s)
     keys = [f"{ns}cores/{r}" for r in range(size)]
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]

@@ -322,8 +322,13 @@ class Peer:
             sock.sendall(header)
         else:
             mv = _as_bytes(payload)
+            began = time.monotonic()
             sent = sock.sendmsg([header, mv])
             if sent < len(header) + len(mv):
+                if time.monotonic() - began >= 0.9 * SEND_TIMEOUT_FACTOR * self.timeout_s:
+                    # the call ran into SO_SNDTIMEO after a little progress: the peer stopped
+                    # reading; waiting that long again in sendall would double the bound
+                    raise TimeoutError(errno.EAGAIN, "no progress within the send timeout")
                 if sent < len(header):
                     sock.sendall(header[sent:])
                     sent = len(header)
@@ -478,6 +483,8 @@ class Mesh:
         #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
         #: until that op reads it; ``serve`` does not wait on them meanwhile.
         self._held: set[int] = set()
+        #: The thread running an op (the one that may read the sockets), else None.
+        self._reader: threading.Thread | None = None
 
     def peer(self, r: int) -> Peer:
         p = self.peers[r]
@@ -496,6 +503,7 @@ class Mesh:
         self.cur_seq = seq
         self.cur_sig = sig
         self._held.clear()
+        self._reader = threading.current_thread()
         if seq:
             self._hist[seq % HISTORY] = (seq, sig)
             if self._ahead:
@@ -506,6 +514,7 @@ class Mesh:
         if self.cur_seq:
             self.done_seq = self.cur_seq
         self.cur_seq = 0
+        self._reader = None
 
     def _issued(self, seq: int) -> Signature | None:
         h = self._hist[seq % HISTORY]
@@ -555,18 +564,63 @@ class Mesh:
         (on a loaded host that took milliseconds), and queues the rest."""
         p = self.peer(peer)
         if p.send_error is not None:
-            raise p.send_failure()
+            raise self._send_error(p)
         p.sent_since_state = True
-        if nbytes <= INLINE_MAX_BYTES:
-            if p.write_now(header, payload, copy_rest=True) is None:
-                p.enqueue(header, bytes(_as_bytes(payload)) if nbytes else b"")
-            return True
-        if start:
-            done = p.write_now(header, payload, copy_rest=False, on_done=on_done)
-            if done is not None:
-                return done
-        p.enqueue(header, payload, on_done)
+        try:
+            if nbytes <= INLINE_MAX_BYTES:
+                if p.write_now(header, payload, copy_rest=True) is None:
+                    p.enqueue(header, bytes(_as_bytes(payload)) if nbytes else b"")
+                return True
+            if start:
+                done = p.write_now(header, payload, copy_rest=False, on_done=on_done)
+                if done is not None:
+                    return done
+            p.enqueue(header, payload, on_done)
+        except PeerError:
+            if p.send_error is not None:
+                raise self._send_error(p) from None
+            raise
         return False
+
+    def _send_error(self, p: Peer) -> PeerError:
+        """Why sending to ``p`` failed. A peer that failed first (a mismatch it found, a rank
+        it gave up on) sent an error frame before closing: on the thread running an op, read
+        what arrived from ``p`` so that reason (or its exit) is reported, not a broken pipe."""
+        if self._reader is threading.current_thread() and not self._polling and not p.eof:
+            self._polling = True
+            try:
+                self._poll_peer(p)
+            except PeerError as e:
+                return e
+            except Exception:  # noqa: BLE001 - the socket error is the answer then
+                pass
+            finally:
+                self._polling = False
+        return p.send_failure()
+
+    def check_open(self, peer: int) -> None:
+        """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
+        message sent now would be lost without an error (any thread: only peeks)."""
+        p = self.peer(peer)
+        if p.eof:
+            raise p._closed_error()
+        try:
+            raw = p.sock.recv(HEADER_SIZE + MAX_ERROR_BYTES, _PEEK)
+        except _TIMEOUTS:
+            return
+        except OSError as e:
+            raise p._conn_error(e) from e
+        if not raw:
+            raise p._closed_error()
+        try:  # the next frame, if whole: a BYE or an error report means it has gone
+            hdr = unpack_header(raw[:HEADER_SIZE])
+        except FrameError:
+            return  # not all there yet (a garbled one is the reader's to report)
+        if hdr.kind == BYE:
+            raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
+        if hdr.kind == ERROR:
+            text = bytes(raw[HEADER_SIZE:HEADER_SIZE + hdr.length]).decode("utf-8", "replace")
+            raise PeerError(p.rank, f"rank {p.rank} failed: {text}")
 
     def flush(self, peers: Sequence[int], deadline: float | None = None,
               poll: bool = True) -> None:
@@ -596,7 +650,7 @@ class Mesh:
                     self._poll(None)
             p = self.peer(r)
             if p.send_error is not None:
-                raise p.send_failure()
+                raise self._send_error(p)
 
     # ---- receives (comm thread) ----
     def _header(self, p: Peer) -> Header:
