@@ -291,10 +291,11 @@ class Engine:
             with self._exec_lock if idle else contextlib.nullcontext():
                 self.mesh.serve(self.mesh.probe_s, self._wake_r)
         except BaseException as e:  # noqa: BLE001 - fails the parked ops and the group
-            job = self._parked.pop(0)  # the oldest takes the blame; the rest fail with it
-            self._fail(job, e)
-            with self._seq_lock:
-                self._busy -= 1
+            if self._parked:  # the oldest takes the blame; the rest fail with it
+                job = self._parked.pop(0)
+                self._fail(job, e)
+                with self._seq_lock:
+                    self._busy -= 1
         finally:
             with self._seq_lock:
                 self._serving = False
@@ -366,6 +367,8 @@ class Engine:
 
     def _execute(self, job: Job) -> bool:
         """Run ``job``; False if it was parked (it finishes later, see ``_settle_landed``)."""
+        if self._parked and job.tensors:
+            self._await_parked_sharing(job)
         if self.error is not None:
             _discard(job)
             job.work.fail(self._later_error(job))
@@ -373,8 +376,6 @@ class Engine:
         mesh = self.mesh
         try:
             with np.errstate(all="ignore"):  # overflow wraps/saturates silently, as in torch
-                if self._parked and job.tensors:
-                    self._await_parked_sharing(job)
                 mesh.begin_op(job.seq if job.collective else 0, job.sig)
                 if job.early_error is not None:
                     raise job.early_error
@@ -409,16 +410,16 @@ class Engine:
 
     def _await_parked_sharing(self, job: Job) -> None:
         """Ops on one tensor run in issue order: before ``job`` runs, a parked op on a tensor
-        it shares waits to finish (serving the sockets meanwhile)."""
+        it shares waits to finish (serving the sockets meanwhile; a failure there breaks the
+        group, and ``job`` then fails in its turn)."""
         while self.error is None and any(_share_storage(job.tensors, p.tensors)
                                          for p in self._parked):
             self._serve(idle=False)
-        if self.error is not None:
-            raise self._later_error(job)
 
     def _fail(self, job: Job, e: BaseException) -> None:
         """``job`` failed: the group breaks; its peers and every parked op learn why."""
         mesh = self.mesh
+        mesh.op_failed()
         err = self._wrap(job, e)
         self.error = err
         log.error("%s", err)

@@ -673,3 +673,43 @@ def test_a_send_to_a_peer_that_left_raises_before_it_is_lost() -> None:
         with pytest.raises(PeerError, match=words):
             mesh.check_open(1)
         mesh.dispose()
+
+
+def _read_slowly(sock: socket.socket, got: bytearray, n: int) -> None:
+    sock.settimeout(5)
+    while len(got) < n:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return
+        got.extend(chunk)
+        time.sleep(0.02)  # about 50 MB/s
+
+
+def test_a_large_frame_that_keeps_moving_outlasts_the_send_timeout() -> None:
+    """A 40 MB frame to a peer that reads steadily but slowly takes longer than the send
+    timeout: it must not fail (each blocking call writes one piece, so only a call that
+    stalls near the timeout counts); to a peer that stops reading it fails."""
+    from mccl.transport.tcp import Peer, tune_socket
+
+    for reader in ("slow", "stopped"):
+        mine, far = tcp_pair()
+        tune_socket(mine, 0.25)  # sends give up after 0.5 s without progress
+        p = Peer(1, mine, 0.25, "test")
+        got = bytearray()
+
+        t = threading.Thread(target=_read_slowly, args=(far, got, 40 << 20), daemon=True)
+        if reader == "slow":
+            t.start()
+        payload = np.ones(40 << 20, dtype=np.uint8)
+        try:
+            p._write(b"", payload)
+            outcome = "written"
+        except OSError as e:
+            outcome = type(e).__name__
+        if reader == "slow":
+            t.join(10)
+            assert outcome == "written" and len(got) == 40 << 20, (outcome, len(got))
+        else:
+            assert outcome in ("TimeoutError", "BlockingIOError"), outcome
+        mine.close()
+        far.close()

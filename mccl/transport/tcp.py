@@ -60,6 +60,8 @@ SOCKET_BUFFER_BYTES = 8 << 20
 NOTSENT_LOWAT_BYTES = 256 << 10
 #: Payloads up to this size are copied or written inline instead of queued zero-copy.
 INLINE_MAX_BYTES = 64 << 10
+#: Largest write of one blocking send call (see ``Peer._write``).
+WRITE_PIECE_BYTES = 8 << 20
 #: How long a failing rank keeps its sockets open so its error frame can reach the peers.
 ERROR_LINGER_S = 3.0
 #: How often a blocked receive wakes up to check the other connections (SO_RCVTIMEO).
@@ -316,23 +318,32 @@ class Peer:
         return ev
 
     def _write(self, header: bytes, payload, last: bool = True) -> None:
-        """Write one frame; ``last``: nothing else is about to follow it (push it out)."""
+        """Write one frame; ``last``: nothing else is about to follow it (push it out).
+
+        At most ``WRITE_PIECE_BYTES`` per call: a blocking call gives up at SO_SNDTIMEO even
+        while bytes still move, so a call that returns short only at about that time found
+        the peer no longer reading (a stopped process), and the frame fails then, within
+        the documented bound, instead of starting another full wait (or failing a whole
+        large frame that merely takes longer than the timeout to transmit)."""
         sock = self.sock
         if payload is None or len(payload) == 0:
             sock.sendall(header)
         else:
             mv = _as_bytes(payload)
-            began = time.monotonic()
-            sent = sock.sendmsg([header, mv])
-            if sent < len(header) + len(mv):
-                if time.monotonic() - began >= 0.9 * SEND_TIMEOUT_FACTOR * self.timeout_s:
-                    # the call ran into SO_SNDTIMEO after a little progress: the peer stopped
-                    # reading; waiting that long again in sendall would double the bound
+            head, off, n = header, 0, len(mv)
+            stalled_s = 0.9 * SEND_TIMEOUT_FACTOR * self.timeout_s
+            while head or off < n:
+                piece = mv[off:off + WRITE_PIECE_BYTES]
+                began = time.monotonic()
+                sent = sock.sendmsg([head, piece] if head else [piece])
+                if (sent < len(head) + len(piece)
+                        and time.monotonic() - began >= stalled_s):
                     raise TimeoutError(errno.EAGAIN, "no progress within the send timeout")
-                if sent < len(header):
-                    sock.sendall(header[sent:])
-                    sent = len(header)
-                sock.sendall(mv[sent - len(header):])
+                if sent < len(head):
+                    head = head[sent:]
+                else:
+                    off += sent - len(head)
+                    head = b""
         if last:
             self._push()
 
@@ -514,6 +525,10 @@ class Mesh:
         if self.cur_seq:
             self.done_seq = self.cur_seq
         self.cur_seq = 0
+        self._reader = None
+
+    def op_failed(self) -> None:
+        """The running op failed: its thread no longer reads the sockets (``_send_error``)."""
         self._reader = None
 
     def _issued(self, seq: int) -> Signature | None:
