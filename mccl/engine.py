@@ -437,8 +437,8 @@ class Engine:
     def _start_next(self, running: Job) -> None:
         """Comm thread, inside ``running``'s body once its sends are all queued: take the next
         job off the queue and run its ``start`` now, if it has one, its inputs are ready (no
-        wait on the device) and it touches none of ``running``'s tensors. What its start
-        raises fails that job, in its turn, not ``running``."""
+        wait on the device) and it touches none of ``running``'s tensors nor a parked op's.
+        What its start raises fails that job, in its turn, not ``running``."""
         if self._next is not _NO_JOB or self.error is not None:
             return
         try:
@@ -449,8 +449,9 @@ class Engine:
         if job is None or job.start is None or not job.collective:
             return
         try:
-            if not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors):
-                return
+            if (not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors)
+                    or any(_share_storage(job.tensors, p.tensors) for p in self._parked)):
+                return  # (a parked op on its tensor must finish first: issue order)
         except Exception:  # noqa: BLE001 - not started early; its own turn reports any error
             return
         try:

@@ -271,3 +271,31 @@ def test_queued_ops_drain_at_shutdown_and_mismatches_fail_clearly() -> None:
     assert res[0]["early"] == 1  # rank 0's second op did start early
     both = res[0]["outcome"][1] + res[1]["outcome"][1]
     assert "all_reduce" in both and "all_gather" in both  # the two ops are named
+
+
+def _parked_receive_first(rank: int, world: int) -> int:
+    """Rank 0 posts irecv(t), then queues a ring all-reduce of another tensor and one of t;
+    the message for t comes only after the first all-reduce: the second must not start early
+    and send t before the receive filled it (issue order on one tensor)."""
+    import torch.distributed as dist
+
+    n = 300_000  # above the doubling switch: the ring, whose first sends can go early
+    bad = 0
+    for _ in range(3):
+        a = torch.full((n,), float(rank + 1))
+        t = torch.full((n,), -1000.0 if rank == 0 else float(rank))
+        works = [dist.irecv(t, src=world - 1)] if rank == 0 else []
+        works.append(dist.all_reduce(a, async_op=True))
+        if rank == world - 1:
+            time.sleep(0.3)
+            works.append(dist.isend(torch.full((n,), 7.0), dst=0))
+        works.append(dist.all_reduce(t, async_op=True))
+        for w in works:
+            w.wait()
+        bad += not torch.equal(t, torch.full((n,), 7.0 + sum(range(1, world))))
+        dist.barrier()
+    return bad
+
+
+def test_an_op_on_a_parked_receives_tensor_does_not_start_early() -> None:
+    assert run_ranks(_parked_receive_first, 3, timeout=120) == [0, 0, 0]
