@@ -180,13 +180,19 @@ def _discard(job: Job) -> None:
         log.exception("mccl %s: releasing the hand-off of a failed op", job.name)
 
 
-def _share_storage(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    """Do two ops' tensors share memory? (Compared by storage, so views of one storage count
-    as shared even where they do not overlap.)"""
+def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """The byte ranges the (contiguous) tensors occupy."""
+    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+            for t in tensors if t.numel()]
+
+
+def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Do two ops' tensors overlap in memory? (By byte range: receives into disjoint slices
+    of one buffer, as an all-to-all or a halo exchange makes them, are independent.)"""
     if not a or not b:
         return False
-    mine = {t.untyped_storage().data_ptr() for t in a if t.numel()}
-    return any(t.untyped_storage().data_ptr() in mine for t in b if t.numel())
+    mine = _spans(a)
+    return any(lo < hi2 and lo2 < hi for lo2, hi2 in _spans(b) for lo, hi in mine)
 
 
 class Engine:
@@ -412,7 +418,7 @@ class Engine:
         """Ops on one tensor run in issue order: before ``job`` runs, a parked op on a tensor
         it shares waits to finish (serving the sockets meanwhile; a failure there breaks the
         group, and ``job`` then fails in its turn)."""
-        while self.error is None and any(_share_storage(job.tensors, p.tensors)
+        while self.error is None and any(_overlap(job.tensors, p.tensors)
                                          for p in self._parked):
             self._serve(idle=False)
 
@@ -449,8 +455,8 @@ class Engine:
         if job is None or job.start is None or not job.collective:
             return
         try:
-            if (not job.handoff.ready_now() or _share_storage(job.tensors, running.tensors)
-                    or any(_share_storage(job.tensors, p.tensors) for p in self._parked)):
+            if (not job.handoff.ready_now() or _overlap(job.tensors, running.tensors)
+                    or any(_overlap(job.tensors, p.tensors) for p in self._parked)):
                 return  # (a parked op on its tensor must finish first: issue order)
         except Exception:  # noqa: BLE001 - not started early; its own turn reports any error
             return

@@ -719,6 +719,14 @@ def _device_p2p_through_fake_staging(rank: int, world: int) -> str:
     ops.current.synchronize()
     assert torch.equal(r2, torch.full((n,), float(prv))), "irecv, isend, all_reduce"
     assert torch.equal(t, torch.full((8,), float(world)))
+    # halo exchange within one tensor: receive into its edges, send from its inner cells
+    u = torch.full((4,), float(rank))
+    halo = [dist.P2POp(dist.irecv, u[0:1], prv), dist.P2POp(dist.irecv, u[3:4], nxt),
+            dist.P2POp(dist.isend, u[1:2], prv), dist.P2POp(dist.isend, u[2:3], nxt)]
+    for w in dist.batch_isend_irecv(halo):
+        w.wait()
+    ops.current.synchronize()
+    assert u.tolist() == [float(prv), rank, rank, float(nxt)], u
     return "ok"
 
 

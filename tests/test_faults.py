@@ -492,3 +492,29 @@ def test_peers_that_went_away_or_stopped_reading() -> None:
     assert r0["ctrl-c"] == "KeyboardInterrupt", r0
     for r in (r0, r1):
         assert "did not join" in r["join"] and "[2]" in r["join"], r["join"]
+
+
+def _late_but_alive(rank: int, world: int) -> str:
+    """Rank 0's receive waits longer than the group timeout while both ranks keep running
+    collectives together; the message comes after them. The sender is alive all along."""
+    import torch
+    import torch.distributed as dist
+
+    got = torch.zeros(4)
+    w = dist.irecv(got, src=1) if rank == 0 else None
+    try:
+        for _ in range(5):
+            dist.barrier()
+            time.sleep(0.6)  # 3 s in all, the group timeout is 2 s
+        if rank == 1:
+            dist.send(torch.ones(4), dst=0)
+        else:
+            w.wait()
+            assert torch.equal(got, torch.ones(4)), got
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return str(e)
+    return "ok"
+
+
+def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
+    assert run_ranks(_late_but_alive, 2, timeout=60, pg_timeout_s=2) == ["ok", "ok"]

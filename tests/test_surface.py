@@ -310,6 +310,19 @@ def _p2p(c: Checker, rank: int, world: int) -> None:
             c.eq(f"irecv before all_reduce n={n}: message", got, torch.full((n,), float(prv)))
             c.eq(f"irecv before all_reduce n={n}: sum", t,
                  torch.full((n,), float(sum(range(world)))))
+        # receives into disjoint slices of one buffer are independent of each other: both
+        # posted before a collective, their messages sent after it
+        flat = torch.zeros(2 * world)
+        ws = [dist.irecv(flat[2 * p:2 * p + 2], p, tag=11) for p in range(world) if p != rank]
+        dist.barrier()
+        for p in range(world):
+            if p != rank:
+                dist.send(torch.full((2,), float(rank)), p, tag=11)
+        for w in ws:
+            w.wait()
+        want = torch.arange(world, dtype=torch.float32).repeat_interleave(2)
+        want[2 * rank:2 * rank + 2] = 0.0
+        c.eq("receives into slices of one buffer", flat, want)
         # ops on one tensor keep their issue order: the all-reduce waits for the receive
         buf = torch.empty(5)
         w = dist.irecv(buf, prv, tag=9)

@@ -713,3 +713,18 @@ def test_a_large_frame_that_keeps_moving_outlasts_the_send_timeout() -> None:
             assert outcome in ("TimeoutError", "BlockingIOError"), outcome
         mine.close()
         far.close()
+
+
+def test_check_open_reads_no_header_while_a_reader_may_be_inside_a_frame() -> None:
+    """While an op reads the sockets, the bytes at the head of a peer's stream may be the
+    middle of a frame (a payload can hold anything, a BYE header too): ``check_open`` then
+    only looks for the end of the stream."""
+    mesh, far = make_mesh(2)
+    far[1].sendall(pack_header(BYE, Signature(0), GROUP, 0, 0))
+    time.sleep(0.1)
+    mesh.begin_op(1, SIG)
+    mesh.check_open(1)  # no error: this could be payload
+    mesh.end_op()
+    with pytest.raises(PeerError, match="shut the group down"):
+        mesh.check_open(1)
+    mesh.dispose()

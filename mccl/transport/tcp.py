@@ -201,7 +201,7 @@ class PostedRecv:
     src: int | None  # None: from any peer
     tag: int
     buf: memoryview
-    since: float  # when it was posted (the group timeout counts from here)
+    since: float  # posted, or the group's last collective since: the timeout counts from here
     on_filled: Callable[[PostedRecv], None]
     source: int = -1  # the peer it came from, once filled
 
@@ -524,6 +524,10 @@ class Mesh:
     def end_op(self) -> None:
         if self.cur_seq:
             self.done_seq = self.cur_seq
+            if self.posted:  # every peer just took part: a posted receive's timeout counts
+                now = time.monotonic()  # from here (its sender is alive, merely later)
+                for pr in self.posted:
+                    pr.since = now
         self.cur_seq = 0
         self._reader = None
 
@@ -615,7 +619,9 @@ class Mesh:
 
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
-        message sent now would be lost without an error (any thread: only peeks)."""
+        message sent now would be lost without an error (any thread: only peeks). The next
+        frame's header is looked at only while no thread reads the sockets (else the bytes
+        peeked may be the middle of a frame)."""
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
@@ -627,10 +633,14 @@ class Mesh:
             raise p._conn_error(e) from e
         if not raw:
             raise p._closed_error()
+        if self._reader is not None or self._polling:
+            return  # a reader may be inside a frame: the bytes peeked need not start one
         try:  # the next frame, if whole: a BYE or an error report means it has gone
             hdr = unpack_header(raw[:HEADER_SIZE])
         except FrameError:
             return  # not all there yet (a garbled one is the reader's to report)
+        if hdr.group != self.group:
+            return
         if hdr.kind == BYE:
             raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
         if hdr.kind == ERROR:
