@@ -1002,10 +1002,12 @@ class Mesh:
                 "what follows it; did the two ranks issue their ops in different orders?)")
 
     def _excused(self, p: Peer, waited: float) -> bool:
-        """The awaited peer said it is itself blocked in this op on a third rank: give that
-        rank's neighbour time to report the real culprit (at most one more timeout)."""
+        """The awaited peer said it is itself blocked on a third rank, in this op or in the
+        one before it (a rank that got all it needed of an op goes on to the next while its
+        neighbour still waits in that op's last step): give that rank's neighbour time to
+        report the real culprit (at most one more timeout)."""
         st = p.state
-        return (st is not None and st[0] != 0 and st[0] == self.cur_seq
+        return (st is not None and st[0] != 0 and self.cur_seq - 1 <= st[0] <= self.cur_seq
                 and st[2] not in (-1, self.rank) and waited < 2 * self.timeout_s)
 
     def _probe(self, waits_for: int) -> None:
