@@ -300,8 +300,7 @@ class Engine:
             if self._parked:  # the oldest takes the blame; the rest fail with it
                 job = self._parked.pop(0)
                 self._fail(job, e)
-                with self._seq_lock:
-                    self._busy -= 1
+                self._count_done()
         finally:
             with self._seq_lock:
                 self._serving = False
@@ -323,34 +322,38 @@ class Engine:
             if job not in self._parked:
                 continue  # failed meanwhile (the group broke)
             self._parked.remove(job)
-            try:
-                if error is not None:
-                    raise error
-                if self.error is not None:
-                    raise self._later_error(job)
-                job.handoff.release()
-            except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
-                if self.error is None:
-                    self._fail(job, e)
-                else:
-                    _discard(job)
-                    job.work.fail(self._later_error(job))
+            if error is None and self.error is None:
+                try:
+                    job.handoff.release()
+                except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
+                    error = e
+            if self.error is not None:
+                self._fail_later(job)
+            elif error is not None:
+                self._fail(job, error)
             else:
                 if source >= 0:
                     job.work.set_source_rank(source)
                 job.work.complete(job.handoff.gate(), job.handoff.result_context())
-            finally:
-                with self._seq_lock:
-                    self._busy -= 1
+            self._count_done()
 
     def _fail_parked(self, error: CollectiveError | None = None) -> None:
         """Fail every parked job: the group broke (``self.error``) or shut down (``error``)."""
         parked, self._parked = self._parked, []
         for job in parked:
-            _discard(job)
-            job.work.fail(error or self._later_error(job))
-            with self._seq_lock:
-                self._busy -= 1
+            self._fail_later(job, error)
+            self._count_done()
+
+    def _fail_later(self, job: Job, error: CollectiveError | None = None) -> None:
+        """Fail ``job``, which did not cause the failure: the group broke before it finished
+        (``self.error``), or ``error``; what its hand-off holds is given back."""
+        _discard(job)
+        job.work.fail(error or self._later_error(job))
+
+    def _count_done(self) -> None:
+        """A submitted job has finished (``_busy`` counts parked jobs until then)."""
+        with self._seq_lock:
+            self._busy -= 1
 
     def _run_counted(self, job: Job) -> None:
         """Run one job (never two at once: the comm thread and an inline caller share the
@@ -361,8 +364,7 @@ class Engine:
                 finished = self._execute(job)
         finally:
             if finished:
-                with self._seq_lock:
-                    self._busy -= 1
+                self._count_done()
         if self._landed and threading.current_thread() is self._thread:
             self._settle_landed()
 
@@ -376,8 +378,7 @@ class Engine:
         if self._parked and job.tensors:
             self._await_parked_sharing(job)
         if self.error is not None:
-            _discard(job)
-            job.work.fail(self._later_error(job))
+            self._fail_later(job)
             return True
         mesh = self.mesh
         try:

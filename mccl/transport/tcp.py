@@ -835,12 +835,16 @@ class Mesh:
         there, at once if it was read ahead already. Messages from one peer with one tag fill
         receives in the order they were posted."""
         pr = PostedRecv(src, tag, _as_bytes(buf), time.monotonic(), on_filled)
-        for p in ([self.peer(src)] if src is not None else self._live()):
+        for p in self._senders(src):
             if self._from_stash(p, tag, pr.buf):
                 self._filled(pr, p)
                 return pr
         self.posted.append(pr)
         return pr
+
+    def _senders(self, src: int | None) -> list[Peer]:
+        """The peers a receive from ``src`` (None: any) may take its message from."""
+        return [self.peer(src)] if src is not None else self._live()
 
     def _filled(self, pr: PostedRecv, p: Peer) -> None:
         pr.source = p.rank
@@ -910,8 +914,7 @@ class Mesh:
         raise once it waited the group timeout, or when its sender has shut the group down."""
         now = time.monotonic()
         for pr in self.posted:
-            peers = [self.peer(pr.src)] if pr.src is not None else self._live()
-            if all(q.eof for q in peers):
+            if all(q.eof for q in self._senders(pr.src)):
                 who = f"rank {pr.src}" if pr.src is not None else "every peer"
                 raise PeerError(pr.src if pr.src is not None else self.rank,
                                 f"{who} shut the group down before sending the message with "
