@@ -350,8 +350,12 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
             dist.broadcast(t, src=rank, group=g)
         elif case == "extra op" and rank == 0:  # only rank 0 issues it
             dist.broadcast(t, src=0, group=g)
-        elif case == "unreceived send" and rank == 0:
-            dist.send(t, dst=1, group=g)
+        elif case == "unreceived send":
+            if rank == 0:
+                dist.send(t, dst=1, group=g)
+            # rank 1 shuts down only after the message went out: a send to a peer that has
+            # already said BYE raises (Mesh.check_open) instead of leaving stray data
+            dist.barrier()
         elif case == "clean":
             dist.broadcast(t, src=0, group=g)
         kept.clear()
