@@ -32,9 +32,18 @@ class SegmentIO(Protocol):
     def copy_back(self, i: int) -> None: ...
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view of a contiguous tensor; a strided one has no such view (``reshape`` would
+    silently copy it, and a result written there would be lost)."""
+    if not t.is_contiguous():
+        raise RuntimeError(f"mccl internal error: a strided tensor of shape {tuple(t.shape)} "
+                           "reached the exchange (the hand-off makes contiguous copies)")
+    return t.detach().view(-1)
+
+
 def as_bytes(t: torch.Tensor) -> np.ndarray:
     """Flat uint8 numpy view of a contiguous CPU tensor (any dtype, zero-copy)."""
-    flat = t.detach().reshape(-1)
+    flat = _flat(t)
     if flat.numel() == 0:
         return np.empty(0, dtype=np.uint8)
     return flat.view(torch.uint8).numpy()
@@ -42,7 +51,7 @@ def as_bytes(t: torch.Tensor) -> np.ndarray:
 
 def as_array(t: torch.Tensor) -> np.ndarray:
     """Flat typed numpy view of a contiguous CPU tensor of a numpy dtype (zero-copy)."""
-    return t.detach().reshape(-1).numpy()
+    return _flat(t).numpy()
 
 
 class _Reducible:
@@ -60,7 +69,7 @@ class _Reducible:
         elif copy:
             self.work = t.reshape(-1).clone()
         else:
-            self.work = t
+            self.work = _flat(t)
         self.arr = self.work.numpy().reshape(-1)  # numpy's reshape is the cheaper view
 
     def commit(self, into: torch.Tensor | None = None) -> None:

@@ -181,8 +181,10 @@ def _discard(job: Job) -> None:
 
 
 def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """The byte ranges the (contiguous) tensors occupy."""
-    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+    """The byte ranges the tensors span (a strided tensor's from its first to its last
+    element: what lies between counts as touched)."""
+    return [(t.data_ptr(), t.data_ptr() + t.element_size() * (
+                1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))))
             for t in tensors if t.numel()]
 
 

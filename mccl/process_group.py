@@ -21,6 +21,7 @@ from . import config
 from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
 from .device.cpu import CpuAdapter
+from .device.strided import ContiguousHandoff, overlaps_itself
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
@@ -204,9 +205,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 raise ValueError(f"mccl {op}: nested tensors are not supported")
             if t.layout != torch.strided:
                 raise ValueError(f"mccl {op}: only dense tensors are supported, got {t.layout}")
-            if not t.is_contiguous():
-                raise ValueError(f"mccl {op}: tensor of shape {tuple(t.shape)} is not contiguous;"
-                                 " call .contiguous() first")
             if t.dtype in _QUANTIZED:
                 raise TypeError(f"mccl {op}: unsupported dtype {t.dtype} (quantized tensors "
                                 "are not supported)")
@@ -219,6 +217,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError(f"mccl {op}: tensors on device '{device}' are not supported "
                              "(cpu, cuda, mps)")
         return device
+
+    def _writable(self, op: str, tensors: Sequence[torch.Tensor],
+                  writes: Sequence[bool]) -> None:
+        for t, w in zip(tensors, writes, strict=True):
+            if w and overlaps_itself(t):
+                raise ValueError(f"mccl {op}: the tensor of shape {tuple(t.shape)} and strides "
+                                 f"{t.stride()} that receives the result has elements sharing "
+                                 "memory (an expanded view); pass one that does not, e.g. "
+                                 ".clone()")
 
     def _adapter(self, device: torch.device | None) -> Adapter:
         key = str(device or "cpu")
@@ -306,9 +313,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
+        strided = not all(t.is_contiguous() for t in tensors)
+        if strided:
+            self._writable(name, tensors, writes)
+            segmented = None  # ranges of a flat view: the copy below is made whole
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
         handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
+        if strided:
+            handoff = ContiguousHandoff(handoff, reads, writes)
         # A staged hand-off may copy a large tensor range by range so its device copies
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
@@ -654,7 +667,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
         try:
             mesh.check_open(dst)  # no reader watches an idle group: look before sending
-            if mesh.send(dst, P2P, sig, 0, coll.as_bytes(t), tag=tag, on_done=done):
+            # (a strided tensor goes out as a contiguous copy, taken now: a send's snapshot)
+            if mesh.send(dst, P2P, sig, 0, coll.as_bytes(t.contiguous()), tag=tag,
+                         on_done=done):
                 work.complete()
         except PeerError as e:
             work.fail(CollectiveError(f"mccl send: {e}", op="send", peer=dst))

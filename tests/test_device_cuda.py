@@ -134,6 +134,16 @@ def _ops(rank: int, world: int) -> bool:
     w.wait()
     assert torch.equal(small * 1, torch.full((3,), float(prv), device=dev))
     assert z.min().item() == world
+    # strided CUDA tensors: staged through contiguous host copies, results back in place
+    tr = (torch.arange(12.0, device=dev).view(3, 4) * (rank + 1)).t()
+    dist.all_reduce(tr)
+    assert torch.equal(tr, (torch.arange(12.0, device=dev).view(3, 4)
+                            * sum(range(1, world + 1))).t())
+    img = (torch.arange(2 << 20, device=dev).view(1, 8, 512, 512) + rank).float()
+    img = img.to(memory_format=torch.channels_last) if rank == 0 else img
+    dist.all_reduce(img, op=dist.ReduceOp.MAX)  # large: the ranged copies are skipped
+    assert torch.equal(img, torch.arange(2 << 20, device=dev).view(1, 8, 512, 512).float()
+                       + world - 1)
     # pinned host buffers are pooled: repeated ops of one size allocate once
     adapter = getattr(dist.group.WORLD, "_adapters", {}).get(str(dev))
     before = adapter.pool.allocations if adapter is not None else 0

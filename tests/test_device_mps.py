@@ -136,6 +136,16 @@ def _mps_ops(rank: int, world: int, unified: bool) -> bool:
     for w in works:
         w.wait()
     assert torch.equal(c, torch.full((20_000,), float(world * world)))
+    # strided tensors: unified host views keep the strides, so the result goes through a
+    # contiguous copy and back into the shared storage
+    base = torch.arange(12.0).view(3, 4)
+    tr = (base * (rank + 1)).t()
+    dist.all_reduce(tr)
+    assert torch.equal(tr, (base * sum(range(1, world + 1))).t())
+    col = torch.zeros(6, 2)
+    dist.all_gather_into_tensor(col[:, 1], torch.full((3,), float(rank)))
+    assert torch.equal(col[:, 1], torch.arange(world).float().repeat_interleave(3))
+    assert not col[:, 0].any()
     events = len(FakeMpsEvent.instances)
     return events > 0 if unified else events == 0
 

@@ -226,8 +226,57 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         c.eq("all_to_all_single uneven", o,
              torch.cat([torch.full((n, 2), float(j * 100 + rank)) for j, n in enumerate(outs)]))
 
+    def strided() -> None:
+        # Non-contiguous tensors are exchanged in their logical element order, whatever the
+        # layout (as gloo does): results land in the strided originals.
+        base = torch.arange(12.0).view(3, 4)
+        t = (base * (rank + 1)).t()  # transposed
+        dist.all_reduce(t)
+        c.eq("all_reduce transposed", t, (base * full).t())
+        # the layout may differ between ranks: rank 0 channels_last, the others not
+        img = torch.arange(24.0).view(1, 2, 3, 4) + rank
+        x = img.to(memory_format=torch.channels_last) if rank == 0 else img.clone()
+        w = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+        w.wait()
+        c.eq("all_reduce channels_last (async, mixed layouts)", x,
+             torch.arange(24.0).view(1, 2, 3, 4) + world - 1)
+        c.eq("channels_last kept", x.is_contiguous(memory_format=torch.channels_last),
+             rank == 0)
+        buf = torch.zeros(8)
+        b = buf[1::2]  # every other element: the rest untouched
+        if rank == 1:
+            b.copy_(torch.arange(4.0) + 7)
+        dist.broadcast(b, src=1)
+        c.eq("broadcast strided slice", buf,
+             torch.tensor([0.0, 7, 0, 8, 0, 9, 0, 10]))
+        out = torch.zeros(2, world * 3)
+        dist.all_gather_into_tensor(out.t(), torch.full((3, 2), float(rank)))
+        c.eq("all_gather_into_tensor transposed output", out.t(),
+             torch.cat([torch.full((3, 2), float(r)) for r in range(world)]))
+        outs = [torch.zeros(3, 2).t() for _ in range(world)]
+        dist.all_gather(outs, torch.full((2, 3), float(rank)).t().contiguous().t())
+        c.eq("all_gather transposed list", torch.stack(outs),
+             torch.stack([torch.full((2, 3), float(r)) for r in range(world)]))
+        rs = torch.zeros(4, 2)
+        dist.reduce_scatter_tensor(rs[:, 1], torch.arange(4.0 * world) + rank)
+        c.eq("reduce_scatter_tensor into a column", rs[:, 1],
+             torch.arange(4.0 * rank, 4.0 * rank + 4) * world + sum(range(world)))
+        c.eq("the other column untouched", rs[:, 0], torch.zeros(4))
+        a2a = torch.zeros(2, world)
+        dist.all_to_all_single(a2a.t(), (torch.arange(world * 2.0) + 10 * rank).view(2, world).t())
+        c.eq("all_to_all_single transposed", a2a.t(), torch.stack(
+            [torch.tensor([rank + 10.0 * r, world + rank + 10.0 * r]) for r in range(world)]))
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        got = torch.zeros(4, 4).t()
+        reqs = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, (torch.arange(16.0).view(4, 4) + rank).t(), nxt),
+            dist.P2POp(dist.irecv, got, prv)])
+        for r in reqs:
+            r.wait()
+        c.eq("send/recv transposed", got, (torch.arange(16.0).view(4, 4) + prv).t())
+
     for name, fn in (("all_reduce", all_reduce), ("coalesced", coalesced), ("rooted", rooted),
-                     ("gathers", gathers), ("all_to_all", alltoall)):
+                     ("gathers", gathers), ("all_to_all", alltoall), ("strided", strided)):
         c.run(name, fn)
 
 
@@ -427,11 +476,12 @@ def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
         dist.barrier()  # the world group is untouched by the broken subgroups
 
     def errors() -> None:
-        nc = torch.arange(12.0).view(3, 4).t()
-        c.raises("non-contiguous all_reduce", ValueError, lambda: dist.all_reduce(nc),
-                 "contiguous")
-        c.raises("non-contiguous broadcast", ValueError, lambda: dist.broadcast(nc, src=0),
-                 "contiguous")
+        wide = torch.zeros(3, 1).expand(3, 4)  # elements share memory
+        c.raises("all_reduce into an expanded view", ValueError, lambda: dist.all_reduce(wide),
+                 "expanded")
+        c.raises("all_gather_into_tensor into an expanded view", ValueError,
+                 lambda: dist.all_gather_into_tensor(torch.zeros(1).expand(2 * world),
+                                                     torch.ones(2)), "expanded")
         c.raises("BAND on float", (TypeError, ValueError),
                  lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "BAND",
                  "float32")

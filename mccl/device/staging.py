@@ -260,7 +260,7 @@ class StagingHandoff:
                 or not (self.reads[0] and self.writes[0])):
             return False
         t = self.tensors[0]
-        if t.numel() * t.element_size() < PIPELINE_MIN_BYTES:
+        if t.numel() * t.element_size() < PIPELINE_MIN_BYTES or not t.is_contiguous():
             return False
         got = ranges()
         if got is None:
