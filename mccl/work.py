@@ -163,18 +163,28 @@ class Work(dist.Work):
             self._latch.release()
         if self._error is not None:
             raise self._error
+        self._await_future()
         if self._gate is not None:
             self._gate()
         return True
+
+    def _await_future(self) -> None:
+        """A Future asked for before the op finished is completed on another thread (see
+        ``_settle``): ``wait`` returns only once it is done too, so ``fut.value()`` may follow
+        (as on gloo, whose futures are completed before its Work)."""
+        fut = self._future if self._future is not None else self._raw
+        if fut is not None and not fut.done():
+            fut.wait()
 
     def synchronize(self) -> None:
         self.wait()
 
     def is_completed(self) -> bool:
-        return self._finished
+        fut = self._future if self._future is not None else self._raw
+        return self._finished and (fut is None or fut.done())
 
     def is_success(self) -> bool:
-        return self._finished and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error

@@ -67,6 +67,19 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         c.eq("all_reduce async", t, torch.full((5,), full))
         c.eq("all_reduce future value", fut.wait()[0], torch.full((5,), full))
         c.eq("all_reduce is_completed", w.is_completed(), True)
+        # a Future asked for before the op finished is done once wait() returns (its value
+        # readable at once, as on gloo; it used to be completed on another thread later)
+        late = []
+        for i in range(40):
+            t = torch.full((1 << 14,), float(rank + i))
+            w = dist.all_reduce(t, async_op=True)
+            fut = w.get_future()
+            w.wait()
+            if not fut.done():
+                late.append(i)
+            elif not torch.equal(fut.value()[0], torch.full((1 << 14,), full - world + world * i)):
+                late.append(f"{i}: wrong value")
+        c.eq("futures done when wait() returns", late, [])
         z = torch.tensor([1 + 2j, rank * 1j], dtype=torch.complex64)
         dist.all_reduce(z)
         c.eq("all_reduce complex64", z, torch.tensor([world + 2 * world * 1j,
