@@ -102,6 +102,9 @@ class OpChannel:
         start = peer not in self._started  # the op's first send there: written at once
         if start:
             self._started.add(peer)
+            # A peer that exited or shut the group down cannot need this op's data: say so
+            # now (a root that only sends would otherwise return as if it had been received).
+            self.mesh.check_open(peer)
         done = self.mesh.send_frame(peer, self._header(n), buf, n, start=start)
         if not done:
             self._queued.add(peer)

@@ -436,6 +436,15 @@ def _departures(rank: int, world: int) -> dict:
         time.sleep(0.5)  # its BYE has arrived
         out["send after bye"] = attempt(lambda: dist.send(torch.ones(4), 1, group=g))
     dist.barrier()
+    # ... and a collective whose root only sends (gloo raises too)
+    g = dist.new_group([0, 1])
+    if rank == 1:
+        dist.destroy_process_group(g)
+    dist.barrier()
+    if rank == 0:
+        time.sleep(0.5)
+        out["broadcast after bye"] = attempt(lambda: dist.broadcast(torch.ones(4), 0, group=g))
+    dist.barrier()
 
     # 2. The peer found a mismatch and its connections closed (ERROR_LINGER_S later): the
     # next op of the rank that completed the mismatched op names the mismatch, not a broken
@@ -489,6 +498,7 @@ def test_peers_that_went_away_or_stopped_reading() -> None:
     res = run_ranks(_departures, 3, timeout=180, pg_timeout_s=120)
     r0, r1 = res[0], res[1]
     assert "rank 1 has shut the group down" in r0["send after bye"], r0
+    assert "rank 1 has shut the group down" in r0["broadcast after bye"], r0
     first, after = r1["after mismatch"]
     assert first == "NO ERROR", first  # the root completed its broadcast
     assert "collective mismatch" in after and "(global rank 1)" in after, after

@@ -620,8 +620,8 @@ class Mesh:
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
         message sent now would be lost without an error (any thread: only peeks). The next
-        frame's header is looked at only while no thread reads the sockets (else the bytes
-        peeked may be the middle of a frame)."""
+        frame's header is looked at only while no other thread reads the sockets (else the
+        bytes peeked may be the middle of a frame; the op's own thread reads whole frames)."""
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
@@ -633,7 +633,7 @@ class Mesh:
             raise p._conn_error(e) from e
         if not raw:
             raise p._closed_error()
-        if self._reader is not None or self._polling:
+        if self._polling or self._reader not in (None, threading.current_thread()):
             return  # a reader may be inside a frame: the bytes peeked need not start one
         try:  # the next frame, if whole: a BYE or an error report means it has gone
             hdr = unpack_header(raw[:HEADER_SIZE])
