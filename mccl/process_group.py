@@ -21,7 +21,7 @@ from . import config
 from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
 from .device.cpu import CpuAdapter
-from .device.strided import ContiguousHandoff, overlaps_itself
+from .device.strided import ContiguousHandoff, needs_copy, overlaps_itself
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
@@ -272,6 +272,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         the other ops have no complex meaning (torch refuses them too)."""
         if not tensors or not tensors[0].is_complex():
             return tensors
+        if any(t.is_conj() for t in tensors):
+            raise ValueError(f"mccl {op}: a conjugate view (torch.conj) cannot be reduced in "
+                             "place; call .resolve_conj() first")
         if redop not in (Op.SUM, Op.AVG):
             raise TypeError(f"mccl {op}: reduce op {redop.name} is not defined for complex "
                             f"dtype {tensors[0].dtype} (SUM and AVG are)")
@@ -313,7 +316,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
-        strided = not all(t.is_contiguous() for t in tensors)
+        strided = any(needs_copy(t) for t in tensors)
         if strided:
             self._writable(name, tensors, writes)
             segmented = None  # ranges of a flat view: the copy below is made whole
@@ -667,9 +670,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
         try:
             mesh.check_open(dst)  # no reader watches an idle group: look before sending
-            # (a strided tensor goes out as a contiguous copy, taken now: a send's snapshot)
-            if mesh.send(dst, P2P, sig, 0, coll.as_bytes(t.contiguous()), tag=tag,
-                         on_done=done):
+            # (a strided or lazy neg/conj view goes out as a plain copy, taken now: a send's
+            # snapshot)
+            plain = t.resolve_conj().resolve_neg().contiguous()
+            if mesh.send(dst, P2P, sig, 0, coll.as_bytes(plain), tag=tag, on_done=done):
                 work.complete()
         except PeerError as e:
             work.fail(CollectiveError(f"mccl send: {e}", op="send", peer=dst))

@@ -287,6 +287,19 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         for r in reqs:
             r.wait()
         c.eq("send/recv transposed", got, (torch.arange(16.0).view(4, 4) + prv).t())
+        # lazy negated views: their values are exchanged, not their raw bytes
+        neg = torch._neg_view(torch.full((6,), float(rank + 1)))
+        dist.all_reduce(neg)
+        c.eq("all_reduce into a neg view", neg.resolve_neg(), torch.full((6,), -full))
+        im = torch.tensor([complex(1, rank + 1)] * 3).conj().imag  # public: a neg view
+        dist.broadcast(im, src=1)
+        c.eq("broadcast into the imag of a conj view", im.resolve_neg(), torch.full((3,), -2.0))
+        got = torch.zeros(3)
+        for r in dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, torch._neg_view(torch.full((3,), float(rank))), nxt),
+                dist.P2POp(dist.irecv, got, prv)]):
+            r.wait()
+        c.eq("send of a neg view", got, torch.full((3,), -float(prv)))
 
     for name, fn in (("all_reduce", all_reduce), ("coalesced", coalesced), ("rooted", rooted),
                      ("gathers", gathers), ("all_to_all", alltoall), ("strided", strided)):

@@ -115,7 +115,8 @@ class MpsAdapter:
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
                 writes: Sequence[bool]):
-        if self.alias is not None:
+        # an alias has the raw bytes: a lazy neg/conj view's values need the staging copies
+        if self.alias is not None and not any(t.is_neg() or t.is_conj() for t in tensors):
             try:
                 hosts = [host_view(t, self.alias) for t in tensors]
             except (RuntimeError, TypeError, ValueError) as e:

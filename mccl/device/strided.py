@@ -1,7 +1,8 @@
-"""Non-contiguous tensors (transposed, sliced with a step, channels_last): the algorithms work
-on flat buffers, so such a tensor is exchanged through a contiguous copy in its logical
-element order, made on the comm thread in the op's turn and copied back before the op
-completes. Every rank then agrees on the element order whatever its memory layout."""
+"""Non-contiguous tensors (transposed, sliced with a step, channels_last) and lazy negated or
+conjugated views (``torch._neg_view``, ``x.conj().imag``): the algorithms work on the raw
+bytes of flat buffers, so such a tensor is exchanged through a plain contiguous copy of its
+values in logical element order, made on the comm thread in the op's turn and copied back
+before the op completes. Every rank then agrees on the values whatever its memory layout."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from contextlib import AbstractContextManager
 import torch
 
 from . import Handoff
+
+
+def needs_copy(t: torch.Tensor) -> bool:
+    """Are ``t``'s raw bytes not its values in order (strided, or a lazy neg/conj view)?"""
+    return not t.is_contiguous() or t.is_neg() or t.is_conj()
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
@@ -24,8 +30,9 @@ def overlaps_itself(t: torch.Tensor) -> bool:
 
 
 class ContiguousHandoff:
-    """Wraps a device hand-off whose host tensors may be strided: ``acquire`` hands the
-    algorithms contiguous copies, ``release`` writes the results back into the originals."""
+    """Wraps a device hand-off whose host tensors may need a copy (``needs_copy``): ``acquire``
+    hands the algorithms plain contiguous copies, ``release`` writes the results back into
+    the originals."""
 
     __slots__ = ("inner", "reads", "writes", "_hosts", "_copies")
 
@@ -39,8 +46,8 @@ class ContiguousHandoff:
     def acquire(self) -> list[torch.Tensor]:
         self._hosts = self.inner.acquire()
         self._copies = [
-            h if h.is_contiguous()
-            else h.contiguous() if r
+            h if not needs_copy(h)
+            else torch.empty(h.shape, dtype=h.dtype).copy_(h) if r  # copy_ resolves the bits
             else torch.empty(h.shape, dtype=h.dtype)
             for h, r in zip(self._hosts, self.reads, strict=True)]
         return self._copies
