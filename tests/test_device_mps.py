@@ -147,6 +147,10 @@ def _mps_ops(rank: int, world: int, unified: bool) -> bool:
     assert torch.equal(col[:, 1], torch.arange(world).float().repeat_interleave(3))
     assert not col[:, 0].any()
     events = len(FakeMpsEvent.instances)
+    # a lazy neg view: an alias would expose its raw bytes (the values negated), so it is staged
+    neg = torch._neg_view(torch.full((5,), float(rank + 1)))
+    dist.all_reduce(neg)
+    assert torch.equal(neg.resolve_neg(), torch.full((5,), -float(sum(range(1, world + 1)))))
     return events > 0 if unified else events == 0
 
 
