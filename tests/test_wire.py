@@ -716,17 +716,24 @@ def test_a_large_frame_that_keeps_moving_outlasts_the_send_timeout() -> None:
 
 
 def test_check_open_reads_no_header_while_a_reader_may_be_inside_a_frame() -> None:
-    """While an op reads the sockets, the bytes at the head of a peer's stream may be the
-    middle of a frame (a payload can hold anything, a BYE header too): ``check_open`` then
-    only looks for the end of the stream."""
+    """While an op reads the sockets on another thread, the bytes at the head of a peer's
+    stream may be the middle of a frame (a payload can hold anything, a BYE header too):
+    ``check_open`` then only looks for the end of the stream. The op's own thread reads whole
+    frames, so between its reads (where its sends check their peer) the head starts one."""
     mesh, far = make_mesh(2)
     far[1].sendall(pack_header(BYE, Signature(0), GROUP, 0, 0))
     time.sleep(0.1)
-    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.begin_op(1, SIG) or time.sleep(1.0))
+    time.sleep(0.3)
     mesh.check_open(1)  # no error: this could be payload
+    t.join(10)
+    assert "error" not in out, out
+    mesh.begin_op(2, SIG)
+    with pytest.raises(PeerError, match="shut the group down"):
+        mesh.check_open(1)  # the op's own thread
     mesh.end_op()
     with pytest.raises(PeerError, match="shut the group down"):
-        mesh.check_open(1)
+        mesh.check_open(1)  # no op
     mesh.dispose()
 
 

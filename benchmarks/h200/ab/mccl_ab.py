@@ -38,7 +38,8 @@ as gloo's two outstanding 1 MiB segments do; at 10 Gbit it changed nothing, nint
 N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
 handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
 all-gather's local copy of the own segment into the output (timing only: the output's own
-part is then wrong).
+part is then wrong); ``peer_check=0`` skips ``Mesh.check_open`` (a collective's first send
+to each peer looks for its end of stream since the seventeenth session; p2p sends before).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -137,6 +138,10 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
                 self._raw = torch.futures.Future(devices=self._devices)
 
         return work, "__init__", init if value else eager
+    if key == "peer_check":
+        mesh = importlib.import_module("mccl.transport.tcp").Mesh
+        check = mesh.check_open
+        return mesh, "check_open", check if value else (lambda self, peer: None)
     if key == "start_write":
         mesh = importlib.import_module("mccl.transport.tcp").Mesh
         send_frame = mesh.send_frame
