@@ -20,6 +20,7 @@ sockets and on a wake-up socket that ``submit`` writes to (``Mesh.serve``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import queue
@@ -27,6 +28,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +54,23 @@ UNREAD_GRACE_S = 1.0
 EARLY_START = True
 #: ``Engine._next`` when no job was taken off the queue ahead of its turn.
 _NO_JOB = object()
+#: Groups not shut down yet: at interpreter exit they are, so their peers hear a BYE at once
+#: (else a message sent meanwhile to this exiting process is lost without an error).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _shut_down_at_exit() -> None:
+    """Before the interpreter joins its threads (callbacks still running on mccl's completer
+    are waited for there), so the BYE goes out first."""
+    for engine in list(_LIVE):
+        try:
+            engine.shutdown(abort=False)
+        except Exception:  # noqa: BLE001 - never fail the interpreter's exit
+            log.debug("mccl group '%s': shutdown at exit failed", engine.label, exc_info=True)
+
+
+# (threading's own exit hooks run before its join, atexit's after; the first where it exists)
+getattr(threading, "_register_atexit", atexit.register)(_shut_down_at_exit)
 
 
 def _shown(logger: logging.Logger) -> bool:
@@ -234,6 +253,7 @@ class Engine:
         self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"mccl-comm-{label}", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     @property
     def seq(self) -> int:

@@ -25,6 +25,11 @@ class _Completer:
     A callback may issue another op and block on it (PowerSGD's hook does): on the comm
     thread that would deadlock. One idle worker normally does all completions; when every
     worker is stuck in a callback, another is started, so completions never wait behind one.
+
+    Workers are not daemon threads: at interpreter exit they finish the completions queued
+    (as ``concurrent.futures`` workers do). A daemon thread cut off inside a callback, which
+    torch's Future calls from C++, aborted the process ("terminate called without an active
+    exception").
     """
 
     IDLE_EXIT_S = 30.0
@@ -33,15 +38,39 @@ class _Completer:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
+        self._workers = 0
+        self._exiting = False
+        register = getattr(threading, "_register_atexit", None)  # runs before the join
+        self._daemon = register is None
+        if register is not None:
+            register(self._stop_idle)
+
+    def _stop_idle(self) -> None:
+        """Interpreter exit: every worker returns once the queue is drained."""
+        with self._lock:
+            self._exiting = True
+            workers = self._workers
+        for _ in range(workers):
+            self._q.put(None)
 
     def run(self, fn) -> None:
         with self._lock:
-            spawn = self._idle == 0
-            if not spawn:
+            exiting = self._exiting
+            spawn = not exiting and self._idle == 0
+            if spawn:
+                self._workers += 1
+            elif not exiting:
                 self._idle -= 1
+        if exiting:  # the workers are going: complete it here
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a failing user callback
+                log.exception("future completion failed")
+            return
         self._q.put(fn)
         if spawn:
-            threading.Thread(target=self._worker, name="mccl-complete", daemon=True).start()
+            threading.Thread(target=self._worker, name="mccl-complete",
+                             daemon=self._daemon).start()
 
     def _worker(self) -> None:
         while True:
@@ -51,8 +80,13 @@ class _Completer:
                 with self._lock:
                     if self._idle > 0 and self._q.empty():
                         self._idle -= 1
+                        self._workers -= 1
                         return
                 continue
+            if fn is None:  # interpreter exit (later completions run in ``run``)
+                with self._lock:
+                    self._workers -= 1
+                return
             try:
                 fn()
             except Exception:  # a failing user callback must not kill the worker

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
 
 import pytest
 
-from mccl.bench.spawn import run_ranks
+from mccl.bench.spawn import free_port, run_ranks
 
 #: Group timeout of the groups in which a peer stalls.
 STALL_TIMEOUT_S = 5.0
@@ -532,3 +534,56 @@ def _late_but_alive(rank: int, world: int) -> str:
 
 def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
     assert run_ranks(_late_but_alive, 2, timeout=60, pg_timeout_s=2) == ["ok", "ok"]
+
+
+# ---------------------------------------------------------------- leaving without destroy
+
+_EXIT_SCRIPT = r'''
+import sys, time, threading
+from datetime import timedelta
+import torch, torch.distributed as dist
+import mccl
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=timedelta(seconds=20))
+store = dist.distributed_c10d._get_default_store()
+
+def slow(fut):
+    time.sleep(0.3)  # still running when the interpreter exits
+    return fut.value()
+
+w = dist.all_reduce(torch.ones(1000), async_op=True)
+w.get_future().then(slow)
+w.wait()
+if rank == 1:
+    store.set("leaving", "1")
+    sys.exit(0)  # no destroy_process_group, a callback still running
+store.wait(["leaving"])
+time.sleep(1.0)
+try:
+    dist.send(torch.ones(4), 1)
+    print("RESULT NO ERROR", flush=True)
+except Exception as e:
+    print("RESULT", e, flush=True)
+'''
+
+
+def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> None:
+    """A process that exits without destroy_process_group, a Future callback of mccl's still
+    running: it exits with status 0 (a daemon completer thread cut off inside the callback
+    aborted the process), and its peers hear it has gone (a send to it was lost)."""
+    script = tmp_path / "leave.py"
+    script.write_text(_EXIT_SCRIPT)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "RESULT mccl send: rank 1 has shut the group down" in outs[0], outs[0]
