@@ -59,18 +59,15 @@ _NO_JOB = object()
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
+@atexit.register
 def _shut_down_at_exit() -> None:
-    """Before the interpreter joins its threads (callbacks still running on mccl's completer
-    are waited for there), so the BYE goes out first."""
+    """After the interpreter joined its non-daemon threads (a user's thread may still be
+    training when the main thread returns; callbacks on mccl's completer finish there)."""
     for engine in list(_LIVE):
         try:
             engine.shutdown(abort=False)
         except Exception:  # noqa: BLE001 - never fail the interpreter's exit
             log.debug("mccl group '%s': shutdown at exit failed", engine.label, exc_info=True)
-
-
-# (threading's own exit hooks run before its join, atexit's after; the first where it exists)
-getattr(threading, "_register_atexit", atexit.register)(_shut_down_at_exit)
 
 
 def _shown(logger: logging.Logger) -> bool:

@@ -61,16 +61,23 @@ class _Completer:
                 self._workers += 1
             elif not exiting:
                 self._idle -= 1
-        if exiting:  # the workers are going: complete it here
+        if exiting:  # the idle workers are gone: a thread of its own, joined at exit too
             try:
-                fn()
-            except Exception:  # noqa: BLE001 - a failing user callback
-                log.exception("future completion failed")
+                threading.Thread(target=self._one, args=(fn,), name="mccl-complete").start()
+            except RuntimeError:  # past the join: no new threads any more
+                self._one(fn)
             return
         self._q.put(fn)
         if spawn:
             threading.Thread(target=self._worker, name="mccl-complete",
                              daemon=self._daemon).start()
+
+    @staticmethod
+    def _one(fn) -> None:
+        try:
+            fn()
+        except Exception:  # a failing user callback
+            log.exception("future completion failed")
 
     def _worker(self) -> None:
         while True:
@@ -83,7 +90,7 @@ class _Completer:
                         self._workers -= 1
                         return
                 continue
-            if fn is None:  # interpreter exit (later completions run in ``run``)
+            if fn is None:  # interpreter exit (later completions get a thread each)
                 with self._lock:
                     self._workers -= 1
                 return
