@@ -350,8 +350,11 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         dist.all_reduce(t, group=g)
         if case == "own roots":  # every rank names itself: each completes, sending only
             dist.broadcast(t, src=rank, group=g)
-        elif case == "extra op" and rank == 0:  # only rank 0 issues it
-            dist.broadcast(t, src=0, group=g)
+            dist.barrier()  # (sent before any peer says BYE: a send after it raises)
+        elif case == "extra op":  # only rank 0 issues it
+            if rank == 0:
+                dist.broadcast(t, src=0, group=g)
+            dist.barrier()
         elif case == "unreceived send":
             if rank == 0:
                 dist.send(t, dst=1, group=g)
@@ -367,6 +370,7 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
     logging.getLogger("mccl").removeHandler(keep)
     g = dist.new_group(list(range(world)))
     dist.broadcast(torch.zeros(4), src=rank, group=g)
+    dist.barrier()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dist.destroy_process_group(g)
@@ -374,6 +378,7 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
     # warnings made errors (python -W error): the finding must not make the destroy raise
     g = dist.new_group(list(range(world)))
     dist.broadcast(torch.zeros(4), src=rank, group=g)
+    dist.barrier()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dist.destroy_process_group(g)
