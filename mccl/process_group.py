@@ -21,7 +21,7 @@ from . import config
 from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
 from .device.cpu import CpuAdapter
-from .device.strided import ContiguousHandoff, needs_copy, overlaps_itself
+from .device.strided import ContiguousHandoff, needs_copy, overlaps_itself, plain_copy
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
@@ -672,7 +672,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             mesh.check_open(dst)  # no reader watches an idle group: look before sending
             # (a strided or lazy neg/conj view goes out as a plain copy, taken now: a send's
             # snapshot)
-            plain = t.resolve_conj().resolve_neg().contiguous()
+            plain = plain_copy(t) if needs_copy(t) else t
             if mesh.send(dst, P2P, sig, 0, coll.as_bytes(plain), tag=tag, on_done=done):
                 work.complete()
         except PeerError as e:

@@ -94,10 +94,7 @@ class _Completer:
                 with self._lock:
                     self._workers -= 1
                 return
-            try:
-                fn()
-            except Exception:  # a failing user callback must not kill the worker
-                log.exception("future completion failed")
+            self._one(fn)  # (a failing user callback must not kill the worker)
             with self._lock:
                 self._idle += 1
 
@@ -213,15 +210,19 @@ class Work(dist.Work):
         """A Future asked for before the op finished is completed on another thread (see
         ``_settle``): ``wait`` returns only once it is done too, so ``fut.value()`` may follow
         (as on gloo, whose futures are completed before its Work)."""
-        fut = self._future if self._future is not None else self._raw
+        fut = self._made_future()
         if fut is not None and not fut.done():
             fut.wait()
+
+    def _made_future(self) -> torch.futures.Future | None:
+        """The Future a caller may hold (the chained one, else the raw one), if made yet."""
+        return self._future if self._future is not None else self._raw
 
     def synchronize(self) -> None:
         self.wait()
 
     def is_completed(self) -> bool:
-        fut = self._future if self._future is not None else self._raw
+        fut = self._made_future()
         return self._finished and (fut is None or fut.done())
 
     def is_success(self) -> bool:

@@ -19,6 +19,11 @@ def needs_copy(t: torch.Tensor) -> bool:
     return not t.is_contiguous() or t.is_neg() or t.is_conj()
 
 
+def plain_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of ``t``'s values (``copy_`` resolves the neg/conj bits)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Do two elements of ``t`` share memory (an expanded view)? Then a result cannot be
     written into it element by element."""
@@ -46,9 +51,7 @@ class ContiguousHandoff:
     def acquire(self) -> list[torch.Tensor]:
         self._hosts = self.inner.acquire()
         self._copies = [
-            h if not needs_copy(h)
-            else torch.empty(h.shape, dtype=h.dtype).copy_(h) if r  # copy_ resolves the bits
-            else torch.empty(h.shape, dtype=h.dtype)
+            h if not needs_copy(h) else plain_copy(h) if r else torch.empty(h.shape, dtype=h.dtype)
             for h, r in zip(self._hosts, self.reads, strict=True)]
         return self._copies
 
