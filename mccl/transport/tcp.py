@@ -625,18 +625,15 @@ class Mesh:
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
-        try:
-            raw = p.sock.recv(HEADER_SIZE + MAX_ERROR_BYTES, _PEEK)
-        except _TIMEOUTS:
+        raw = self._peek(p, HEADER_SIZE)  # a header only: the peer's data may be waiting
+        if raw is None:
             return
-        except OSError as e:
-            raise p._conn_error(e) from e
         if not raw:
             raise p._closed_error()
         if self._polling or self._reader not in (None, threading.current_thread()):
             return  # a reader may be inside a frame: the bytes peeked need not start one
         try:  # the next frame, if whole: a BYE or an error report means it has gone
-            hdr = unpack_header(raw[:HEADER_SIZE])
+            hdr = unpack_header(raw)
         except FrameError:
             return  # not all there yet (a garbled one is the reader's to report)
         if hdr.group != self.group:
@@ -644,8 +641,20 @@ class Mesh:
         if hdr.kind == BYE:
             raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
         if hdr.kind == ERROR:
-            text = bytes(raw[HEADER_SIZE:HEADER_SIZE + hdr.length]).decode("utf-8", "replace")
+            raw = self._peek(p, HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
+            text = bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace")
             raise PeerError(p.rank, f"rank {p.rank} failed: {text}")
+
+    @staticmethod
+    def _peek(p: Peer, n: int) -> bytes | None:
+        """Up to ``n`` waiting bytes from ``p``, left in the socket (None: nothing waits;
+        b"": the peer closed its side)."""
+        try:
+            return p.sock.recv(n, _PEEK)
+        except _TIMEOUTS:
+            return None
+        except OSError as e:
+            raise p._conn_error(e) from e
 
     def flush(self, peers: Sequence[int], deadline: float | None = None,
               poll: bool = True) -> None:
