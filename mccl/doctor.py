@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from . import __version__, config
+from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
 
 SELFTEST_TIMEOUT_S = 180.0
@@ -199,18 +200,12 @@ def _selftest_rank(rank: int, world: int, port: int, device: str, unified: bool,
         q.put((rank, {"failures": ["exception"], "error": traceback.format_exc()}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def selftest(device: str, unified: bool, world: int = 2,
              timeout: float = SELFTEST_TIMEOUT_S) -> dict[str, Any]:
     """Run the self-test on ``world`` local processes; returns a result dict with ``ok``."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_selftest_rank, args=(r, world, port, device, unified, q),
                          daemon=True) for r in range(world)]
     t0 = time.monotonic()

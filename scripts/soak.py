@@ -24,11 +24,12 @@ import os
 import queue
 import random
 import resource
-import socket
 import sys
 import time
 import traceback
 from datetime import timedelta
+
+from mccl.bench.spawn import free_port
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "reduce",
        "gather", "scatter", "send_recv"]
@@ -328,12 +329,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, q) -> Non
         q.put((rank, {"error": traceback.format_exc()}))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
@@ -347,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
+    port = free_port()  # below the ephemeral range: see spawn.LOOPBACK_PORTS
     procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q), daemon=True)
              for r in range(args.world)]
     t0 = time.monotonic()
