@@ -13,21 +13,27 @@ from .transport.tcp import Mesh
 
 
 def monitored_barrier(mesh: Mesh, tag: int, timeout_s: float, wait_all_ranks: bool) -> None:
-    """Runs on the comm thread. Raises CollectiveError naming the ranks that did not arrive."""
+    """Runs on the comm thread. Raises CollectiveError naming the ranks that did not arrive.
+
+    The other ranks wait for rank 0's release for ``timeout_s`` plus the group's timeout (gloo
+    waits the group's timeout): rank 0 may enter later than they do, and a rank that gave up
+    first would fail rank 0's wait with its own error instead of the names of the missing."""
     sig = signature(Kind.MONITORED_BARRIER)
     token = np.zeros(1, dtype=np.uint8)
-    deadline = time.monotonic() + timeout_s
+    now = time.monotonic()
     if mesh.size == 1:
         return
     if mesh.rank != 0:
+        waited = timeout_s + mesh.timeout_s
         mesh.send(0, P2P, sig, 0, token, tag=tag)
         try:
-            mesh.recv_p2p_any(tag, token, deadline)
+            mesh.recv_p2p_any(tag, token, now + waited)
         except TimeoutError as e:
             raise CollectiveError(
                 f"rank {mesh.rank}: monitored_barrier got no release from rank 0 within "
-                f"{timeout_s:.1f}s", op="monitored_barrier", peer=0) from e
+                f"{waited:.1f}s", op="monitored_barrier", peer=0) from e
         return
+    deadline = now + timeout_s
     arrived: set[int] = set()
     missing: list[int] = []
     while len(arrived) < mesh.size - 1:

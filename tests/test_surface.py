@@ -492,13 +492,18 @@ def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
 
     def monitored_failures() -> None:
         # Ranks 1 and 2 never enter: rank 0 names the first missing rank, or all of them.
-        g1, g2 = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+        g1, g2, g3 = (dist.new_group(list(range(world))) for _ in range(3))
         if rank == 0:
             c.raises("monitored_barrier names the first missing rank", RuntimeError,
                      lambda: g1.monitored_barrier(timedelta(seconds=1)), "Rank 1")
             c.raises("monitored_barrier wait_all_ranks names all", RuntimeError,
                      lambda: g2.monitored_barrier(timedelta(seconds=1), wait_all_ranks=True),
                      "Ranks 1, 2")
+        # Rank 1 enters seconds before rank 0 (which sat in the two waits above), the last
+        # rank never: rank 0 still names it, and rank 1 hears that from rank 0.
+        if rank < world - 1:
+            c.raises("monitored_barrier entered late by rank 0", RuntimeError,
+                     lambda: g3.monitored_barrier(timedelta(seconds=1)), f"Rank {world - 1}")
         dist.barrier()  # the world group is untouched by the broken subgroups
 
     def errors() -> None:
