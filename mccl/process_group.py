@@ -28,7 +28,7 @@ from .monitor import monitored_barrier
 from .ops import Kind, describe, signature
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
-from .transport.rendezvous import choose_address, connect_mesh, cores_per_rank
+from .transport.rendezvous import agree_members, choose_address, connect_mesh, cores_per_rank
 from .transport.tcp import Mesh, PeerError
 from .work import GroupWork, Work, completed_work
 
@@ -121,10 +121,19 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._cfg = cfg
         self._timeout = timeout
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        if len(self._global_ranks) != size:  # not from torch's new_group: group ranks then
+            log.debug("group %s: %d global ranks for %d ranks; using group ranks",
+                      group_name, len(self._global_ranks), size)
+            self._global_ranks = list(range(size))
         self._label = group_name or "default"
         self._group_name = group_name or ""
         timeout_s = timeout.total_seconds()
+        if timeout_s <= 0:
+            raise ValueError(f"mccl: the process group's timeout must be positive, got "
+                             f"{timeout} ({timeout_s:g} s)")
         address = choose_address(cfg.socket_ifname, _master_addr(store))
+        agree_members(store, self._global_ranks[rank], self._global_ranks, self._label,
+                      timeout_s)
         # Agreed before any socket opens (it waits for every rank's key, as connecting does).
         cores = cores_per_rank(store, rank, size, self._label, timeout_s)
         cap = chunk_cap(cores)

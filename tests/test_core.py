@@ -267,6 +267,14 @@ def test_socket_ifname_unknown_interface_is_clear() -> None:
     assert choose_address("lo", None) == "127.0.0.1"
 
 
+@pytest.mark.parametrize("seconds", [0, -1])
+def test_a_timeout_that_is_not_positive_is_refused(seconds: int) -> None:
+    from mccl.process_group import ProcessGroupMCCL
+
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        ProcessGroupMCCL(torch.distributed.HashStore(), 0, 2, timedelta(seconds=seconds))
+
+
 @pytest.mark.parametrize("value, level", [("", "WARNING"), ("info", "INFO"), ("10", 10)])
 def test_log_level_names_and_numbers(monkeypatch, value: str, level) -> None:
     from mccl import config

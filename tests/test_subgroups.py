@@ -6,6 +6,7 @@ One spawned run of 4 ranks; checks collect failures instead of stopping at the f
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -137,9 +138,26 @@ def _concurrent(c: Checker, rank: int, world: int) -> None:
         c.bad.append(f"rank {rank}: concurrent: {e}")
 
 
+def _disagreeing(c: Checker, rank: int, world: int) -> None:
+    """Rank 2 asks for members [1, 2] where ranks 0 and 1 ask for [0, 1] (torch names both
+    groups alike, by a counter): rank 2 is told at once, and 0 and 1 get their own group,
+    not rank 2 in rank 1's place."""
+    ranks = [1, 2] if rank == 2 else [0, 1]
+    if rank == 2:
+        c.raises("new_group with other members", ValueError,
+                 lambda: dist.new_group(ranks, timeout=timedelta(seconds=30)),
+                 "rank 2 created it with ranks [1, 2], but rank 1 with [0, 1]")
+        return
+    g = dist.new_group(ranks, timeout=timedelta(seconds=30))
+    if rank in ranks:
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        c.eq("all_reduce of the agreeing members", t, torch.full((4,), 3.0))
+
+
 def _subgroups(rank: int, world: int) -> list[str]:
     c = Checker(rank)
-    for part in (_translation, _nested, _split, _concurrent):
+    for part in (_translation, _nested, _split, _concurrent, _disagreeing):
         c.run(part.__name__, lambda part=part: part(c, rank, world))
         dist.barrier()
     return c.bad

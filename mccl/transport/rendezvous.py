@@ -428,6 +428,36 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
     return min(min(own, total / on_machine[machine]) for machine, total, own in facts)
 
 
+def _read_all(store: Store, keys: list[str]) -> list[str]:
+    many = getattr(store, "multi_get", None)
+    raw = many(keys) if many is not None else [store.get(k) for k in keys]
+    return [v.decode() if isinstance(v, bytes) else v for v in raw]
+
+
+def agree_members(store: Store, global_rank: int, members: list[int], group_name: str,
+                  timeout_s: float) -> None:
+    """Check that every rank of the group was created with the same member list (global
+    ranks). torch names groups by a counter, so ranks that passed different lists to
+    ``new_group`` share a name and would otherwise be paired with whoever took their group
+    rank. Each rank publishes its list under its global rank (so nothing is overwritten)
+    and reads those of the ranks it lists; a difference raises at once, naming both."""
+    if len(members) == 1:
+        return
+    ns = namespace(group_name)
+    mine = ",".join(map(str, members))
+    store.set(f"{ns}members/{global_rank}", mine)
+    others = [g for g in members if g != global_rank]
+    await_ranks(store, ns, "members", others, timeout_s)
+    for g, theirs in zip(others, _read_all(store, [f"{ns}members/{g}" for g in others]),
+                         strict=True):
+        if theirs != mine:
+            raise ValueError(
+                f"mccl group '{group_name}': rank {global_rank} created it with ranks "
+                f"[{mine.replace(',', ', ')}], but rank {g} with [{theirs.replace(',', ', ')}]; "
+                "every member must pass new_group the same ranks, and the ranks must create "
+                "their groups in the same order")
+
+
 def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
                    timeout_s: float) -> float:
     """The fewest cores any rank of the group can count on (``fewest_cores``): each rank
@@ -439,11 +469,8 @@ def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
     ns = namespace(group_name)
     store.set(f"{ns}cores/{rank}", " ".join(map(str, mine)))
     await_ranks(store, ns, "cores", [r for r in range(size) if r != rank], timeout_s)
-    keys = [f"{ns}cores/{r}" for r in range(size)]
-    many = getattr(store, "multi_get", None)
-    raw = many(keys) if many is not None else [store.get(k) for k in keys]
     facts = []
-    for v in raw:
-        machine, total, own = (v.decode() if isinstance(v, bytes) else v).split()
+    for v in _read_all(store, [f"{ns}cores/{r}" for r in range(size)]):
+        machine, total, own = v.split()
         facts.append((machine, int(total), int(own)))
     return fewest_cores(facts)
