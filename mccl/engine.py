@@ -513,7 +513,12 @@ class Engine:
             kind = MISMATCH if isinstance(e, MismatchError) else (
                 "peer failure" if isinstance(e, PeerError) else type(e).__name__)
             what = cause if cause.startswith(kind) else f"{kind}: {cause}"
-        who = f" [peer {self._rank(peer)}]" if peer is not None else ""
+        if peer is None:
+            who = ""
+        elif peer == self.mesh.rank:  # the peers gave up on this rank (it stalled, was late,
+            who = " [blamed on this rank by a peer]"  # or issued the odd op): not a peer's fault
+        else:
+            who = f" [peer {self._rank(peer)}]"
         err = CollectiveError(f"{self._where(job)} failed{who}: {what}", op=job.name, peer=peer)
         err.__cause__ = e
         return err

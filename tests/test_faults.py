@@ -130,6 +130,12 @@ def test_dead_stalled_and_unplugged_peers() -> None:
         assert kill["peer"] == 3 and "rank 3" in kill["msg"], kill
         assert "killed" in kill["msg"] or "reset" in kill["msg"] or "closed" in kill["msg"], kill
         assert r["threads"] == [], r["threads"]
+    # Rank 2 hears that the others gave up on it: its own message does not name a peer at
+    # fault (the report it forwards, another rank's, does name rank 2).
+    victim = res[2]["stop"]
+    head = victim["msg"].split(": ", 1)[0]
+    assert victim["peer"] == 2 and "gave up on rank 2" in victim["msg"], victim
+    assert head.endswith("failed [blamed on this rank by a peer]"), victim
     for rank in range(3):
         link = res[rank]["link"]
         assert link["peer"] in (1, 2) and "all_reduce" in link["msg"], link
