@@ -28,7 +28,13 @@ from .monitor import monitored_barrier
 from .ops import Kind, describe, signature
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
-from .transport.rendezvous import agree_members, choose_address, connect_mesh, cores_per_rank
+from .transport.rendezvous import (
+    agree_members,
+    choose_address,
+    connect_mesh,
+    cores_per_rank,
+    new_incarnation,
+)
 from .transport.tcp import Mesh, PeerError
 from .work import GroupWork, Work, completed_work
 
@@ -120,6 +126,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         logging.getLogger("mccl").setLevel(cfg.log_level)
         self._cfg = cfg
         self._timeout = timeout
+        if not global_ranks:  # torch's default group (init_process_group): a new incarnation
+            new_incarnation()
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         if len(self._global_ranks) != size:  # not from torch's new_group: group ranks then
             log.debug("group %s: %d global ranks for %d ranks; using group ranks",

@@ -44,3 +44,46 @@ def test_killed_worker_restarts_and_resumes(tmp_path: Path) -> None:
     want = elastic_train.reference(30, 2)
     assert torch.allclose(torch.tensor(res["w"], dtype=torch.float64), want, rtol=0, atol=1e-12)
     assert "CollectiveError" in log or "exitcode: -9" in log, log[-4000:]
+
+
+_REINIT = """
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import mccl  # noqa: F401
+
+for i in range(3):
+    dist.init_process_group("mccl", timeout=timedelta(seconds=30))
+    g = dist.new_group([0, 1])
+    t = torch.full((4,), float(dist.get_rank() + 1 + i))
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=g)
+    print(f"rank {dist.get_rank()} init {i}: {t[0].item()}", flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_init_again_after_destroy_under_torchrun(tmp_path: Path) -> None:
+    """torchrun's store keeps a destroyed group's keys and torch names the next groups alike:
+    a second and third init_process_group in the same workers must not read the keys of the
+    first (a rank would dial a listener that is gone and wait out the timeout)."""
+    script = tmp_path / "reinit.py"
+    script.write_text(_REINIT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(free_port()), "--log-dir", str(tmp_path / "torchrun"),
+           str(script)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"torchrun did not finish:\n{log[-4000:]}") from None
+    assert proc.returncode == 0, log[-4000:]
+    for i in range(3):
+        for rank in range(2):
+            assert f"rank {rank} init {i}: {6.0 + 4 * i}" in log, log[-4000:]

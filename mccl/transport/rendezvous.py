@@ -3,7 +3,8 @@ secret, build the full mesh of authenticated connections of one group, and agree
 cores each rank of the group can count on.
 
 Keys are namespaced per torchrun attempt, because torchrun keeps its store across elastic
-restarts and a dead attempt's keys are still there.
+restarts and a dead attempt's keys are still there, and per ``init_process_group`` of the
+process, because torch reuses group names after ``destroy_process_group``.
 """
 
 from __future__ import annotations
@@ -81,10 +82,24 @@ def group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) & 0xFFFFFFFF
 
 
+#: How many default groups this process has created (``new_incarnation``).
+_incarnation = 0
+
+
+def new_incarnation() -> None:
+    """A default group is being created (``init_process_group``): the groups from here on get
+    keys of their own. After ``destroy_process_group`` torch names groups from "0" again, and
+    a store kept across inits (torchrun's) still holds the keys the groups before left, the
+    listening addresses of ranks since gone among them. Every process of a job creates its
+    default groups in the same order, so the count agrees across ranks."""
+    global _incarnation
+    _incarnation += 1
+
+
 def namespace(group_name: str) -> str:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    return f"mccl/{run}/{attempt}/{group_name}/"
+    return f"mccl/{run}/{attempt}/{_incarnation}/{group_name}/"
 
 
 def _ifname_address(ifname: str) -> str | None:
