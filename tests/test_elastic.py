@@ -20,24 +20,31 @@ sys.path.insert(0, str(ROOT / "examples"))
 import elastic_train  # noqa: E402
 
 
-def test_killed_worker_restarts_and_resumes(tmp_path: Path) -> None:
-    out = tmp_path / "out.json"
+def _torchrun(tmp_path: Path, args: list[str], timeout: float) -> str:
+    """Run torchrun with 2 workers on ``args``; its output, once it exited 0 (else fail)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--max-restarts", "2", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            "--log-dir", str(tmp_path / "torchrun"),  # else torchrun leaves a dir in /tmp
-           str(ROOT / "examples" / "elastic_train.py"), "--steps", "30", "--ckpt-every", "5",
-           "--crash-at-step", "17", "--ckpt-dir", str(tmp_path), "--out", str(out)]
+           *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        log, _ = proc.communicate(timeout=240)
+        log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
         log, _ = proc.communicate()
         raise AssertionError(f"torchrun did not finish:\n{log[-4000:]}") from None
     assert proc.returncode == 0, log[-4000:]
+    return log
+
+
+def test_killed_worker_restarts_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    log = _torchrun(tmp_path, [
+        "--max-restarts", "2", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        str(ROOT / "examples" / "elastic_train.py"), "--steps", "30", "--ckpt-every", "5",
+        "--crash-at-step", "17", "--ckpt-dir", str(tmp_path), "--out", str(out)], 240)
     res = json.loads(out.read_text())
     assert res["attempt"] == 1, res  # one restart happened
     assert res["resumed_from"] == 15, res  # the last checkpoint before the crash at step 17
@@ -71,19 +78,7 @@ def test_init_again_after_destroy_under_torchrun(tmp_path: Path) -> None:
     first (a rank would dial a listener that is gone and wait out the timeout)."""
     script = tmp_path / "reinit.py"
     script.write_text(_REINIT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), "--log-dir", str(tmp_path / "torchrun"),
-           str(script)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        raise AssertionError(f"torchrun did not finish:\n{log[-4000:]}") from None
-    assert proc.returncode == 0, log[-4000:]
+    log = _torchrun(tmp_path, ["--master-port", str(free_port()), str(script)], 180)
     for i in range(3):
         for rank in range(2):
             assert f"rank {rank} init {i}: {6.0 + 4 * i}" in log, log[-4000:]
