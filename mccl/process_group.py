@@ -126,7 +126,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         logging.getLogger("mccl").setLevel(cfg.log_level)
         self._cfg = cfg
         self._timeout = timeout
-        if not global_ranks:  # torch's default group (init_process_group): a new incarnation
+        default = not global_ranks  # torch's default group (init_process_group)
+        if default:
             new_incarnation()
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         if len(self._global_ranks) != size:  # not from torch's new_group: group ranks then
@@ -140,8 +141,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError(f"mccl: the process group's timeout must be positive, got "
                              f"{timeout} ({timeout_s:g} s)")
         address = choose_address(cfg.socket_ifname, _master_addr(store))
-        agree_members(store, self._global_ranks[rank], self._global_ranks, self._label,
-                      timeout_s)
+        if not default:  # the default group has every rank: no member list to disagree on
+            agree_members(store, self._global_ranks[rank], self._global_ranks, self._label,
+                          timeout_s)
         # Agreed before any socket opens (it waits for every rank's key, as connecting does).
         cores = cores_per_rank(store, rank, size, self._label, timeout_s)
         cap = chunk_cap(cores)

@@ -443,7 +443,13 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
     return min(min(own, total / on_machine[machine]) for machine, total, own in facts)
 
 
-def _read_all(store: Store, keys: list[str]) -> list[str]:
+def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
+              timeout_s: float) -> list[str]:
+    """Publish ``value`` as ``{ns}{what}/{me}`` and return what the ranks ``others``
+    published there (waiting for them at most ``timeout_s``)."""
+    store.set(f"{ns}{what}/{me}", value)
+    await_ranks(store, ns, what, others, timeout_s)
+    keys = [f"{ns}{what}/{r}" for r in others]
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
     return [v.decode() if isinstance(v, bytes) else v for v in raw]
@@ -458,13 +464,11 @@ def agree_members(store: Store, global_rank: int, members: list[int], group_name
     and reads those of the ranks it lists; a difference raises at once, naming both."""
     if len(members) == 1:
         return
-    ns = namespace(group_name)
     mine = ",".join(map(str, members))
-    store.set(f"{ns}members/{global_rank}", mine)
     others = [g for g in members if g != global_rank]
-    await_ranks(store, ns, "members", others, timeout_s)
-    for g, theirs in zip(others, _read_all(store, [f"{ns}members/{g}" for g in others]),
-                         strict=True):
+    lists = _exchange(store, namespace(group_name), "members", global_rank, mine, others,
+                      timeout_s)
+    for g, theirs in zip(others, lists, strict=True):
         if theirs != mine:
             raise ValueError(
                 f"mccl group '{group_name}': rank {global_rank} created it with ranks "
@@ -481,11 +485,9 @@ def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
     mine = machine_facts()
     if size == 1:
         return fewest_cores([mine])
-    ns = namespace(group_name)
-    store.set(f"{ns}cores/{rank}", " ".join(map(str, mine)))
-    await_ranks(store, ns, "cores", [r for r in range(size) if r != rank], timeout_s)
-    facts = []
-    for v in _read_all(store, [f"{ns}cores/{r}" for r in range(size)]):
+    facts = [mine]
+    for v in _exchange(store, namespace(group_name), "cores", rank, " ".join(map(str, mine)),
+                       [r for r in range(size) if r != rank], timeout_s):
         machine, total, own = v.split()
         facts.append((machine, int(total), int(own)))
     return fewest_cores(facts)

@@ -396,7 +396,17 @@ class Peer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    # ---- receiving (comm thread only) ----
+    # ---- receiving (comm thread only; peek from any thread) ----
+    def peek(self, n: int) -> bytes | None:
+        """Up to ``n`` waiting bytes, left in the socket (None: nothing waits; b"": the peer
+        closed its side)."""
+        try:
+            return self.sock.recv(n, _PEEK)
+        except _TIMEOUTS:
+            return None
+        except OSError as e:
+            raise self._conn_error(e) from e
+
     def recv_exact(self, buf) -> None:
         mv = _as_bytes(buf)
         n = len(mv)
@@ -625,7 +635,7 @@ class Mesh:
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
-        raw = self._peek(p, HEADER_SIZE)  # a header only: the peer's data may be waiting
+        raw = p.peek(HEADER_SIZE)  # a header only: the peer's data may be waiting
         if raw is None:
             return
         if not raw:
@@ -641,20 +651,9 @@ class Mesh:
         if hdr.kind == BYE:
             raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
         if hdr.kind == ERROR:
-            raw = self._peek(p, HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
+            raw = p.peek(HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
             text = bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace")
             raise PeerError(p.rank, f"rank {p.rank} failed: {text}")
-
-    @staticmethod
-    def _peek(p: Peer, n: int) -> bytes | None:
-        """Up to ``n`` waiting bytes from ``p``, left in the socket (None: nothing waits;
-        b"": the peer closed its side)."""
-        try:
-            return p.sock.recv(n, _PEEK)
-        except _TIMEOUTS:
-            return None
-        except OSError as e:
-            raise p._conn_error(e) from e
 
     def flush(self, peers: Sequence[int], deadline: float | None = None,
               poll: bool = True) -> None:
@@ -1053,12 +1052,9 @@ class Mesh:
         """The header of ``q``'s next frame if all of it has arrived, left in the socket (None:
         not yet, or the end of the stream after a BYE, which sets ``q.eof``). A dead or
         garbled connection raises PeerError."""
-        try:
-            raw = q.sock.recv(HEADER_SIZE, _PEEK)
-        except _TIMEOUTS:
+        raw = q.peek(HEADER_SIZE)
+        if raw is None:
             return None
-        except OSError as e:
-            raise q._conn_error(e) from e
         if not raw:
             if q.bye:
                 q.eof = True
