@@ -536,7 +536,7 @@ MISMATCH_TEXT = (b"collective mismatch: rank 1 issued op #1 broadcast(...), but 
                  b"op #1 all_reduce(...)")
 
 
-@pytest.mark.parametrize("sender, blamed, text, phrase", [
+ERROR_FRAMES = [
     # A bystander (rank 2) reports that rank 3 stalled: rank 3 is the culprit.
     (2, 3, STALL_TEXT, "reported by rank 2"),
     # The others gave up on rank 0 itself (say its link broke): the fault is rank 0's, not
@@ -545,7 +545,10 @@ MISMATCH_TEXT = (b"collective mismatch: rank 1 issued op #1 broadcast(...), but 
     (1, 0, STALL_TEXT, "gave up on rank 0"),
     # A mismatch that names rank 0: nothing broke there, the report says what differed.
     (1, 0, MISMATCH_TEXT, "reported by rank 1: collective mismatch"),
-])
+]
+
+
+@pytest.mark.parametrize("sender, blamed, text, phrase", ERROR_FRAMES)
 def test_error_frame_names_the_culprit(sender: int, blamed: int, text: bytes,
                                        phrase: str) -> None:
     mesh, far = make_mesh(4, timeout_s=60.0)
@@ -555,6 +558,24 @@ def test_error_frame_names_the_culprit(sender: int, blamed: int, text: bytes,
     t.join(30)
     err = out.get("error")
     assert isinstance(err, PeerError) and err.peer == sender and err.culprit == blamed, err
+    assert phrase in str(err) and err.origin == text.decode()
+    mesh.dispose()
+
+
+@pytest.mark.parametrize("sender, blamed, text, phrase", ERROR_FRAMES)
+def test_check_open_reports_an_error_frame_as_a_receive_does(sender: int, blamed: int,
+                                                             text: bytes, phrase: str) -> None:
+    """A send's look at its peer (``check_open``) may meet the error frame first: it blames
+    and forwards the same as a receive (a reason without ``origin`` was forwarded wrapped in
+    the reporting rank's own message, and the next rank's nested it again)."""
+    mesh, far = make_mesh(4, timeout_s=60.0)
+    far[sender].sendall(pack_header(ERROR, Signature(0, root=blamed), GROUP, 1, len(text))
+                        + text)
+    time.sleep(0.1)
+    with pytest.raises(PeerError) as info:
+        mesh.check_open(sender)
+    err = info.value
+    assert err.peer == sender and err.culprit == blamed, err
     assert phrase in str(err) and err.origin == text.decode()
     mesh.dispose()
 

@@ -652,8 +652,7 @@ class Mesh:
             raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
         if hdr.kind == ERROR:
             raw = p.peek(HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
-            text = bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace")
-            raise PeerError(p.rank, f"rank {p.rank} failed: {text}")
+            raise self._reported(p, hdr, bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace"))
 
     def flush(self, peers: Sequence[int], deadline: float | None = None,
               poll: bool = True) -> None:
@@ -703,21 +702,25 @@ class Mesh:
             self._control(p, hdr)
         return hdr
 
+    def _reported(self, p: Peer, hdr: Header, text: str) -> PeerError:
+        """The error that ``p``'s error frame ``hdr`` with reason ``text`` reports: its rank to
+        blame and its reason, forwarded unchanged (``origin``) so messages do not nest."""
+        blamed = hdr.sig.root
+        if blamed == self.rank:  # this rank is the one the others gave up on: the fault is
+            # here (its link broke, it stalled, or it issued the odd op), not at the rank that
+            # says so
+            said = (f"reported by rank {p.rank}" if text.startswith(MISMATCH)
+                    else f"rank {p.rank} gave up on rank {self.rank}")
+            return PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
+        culprit = blamed if 0 <= blamed < self.size else p.rank
+        return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
+                         origin=text)
+
     def _control(self, p: Peer, hdr: Header) -> None:
         if hdr.kind == ERROR:
             reason = bytearray(hdr.length)
             p.recv_exact(reason)
-            text = reason.decode("utf-8", "replace")
-            blamed = hdr.sig.root
-            if blamed == self.rank:  # this rank is the one the others gave up on: the fault
-                # is here (its link broke, it stalled, or it issued the odd op), not at the
-                # rank that says so
-                said = (f"reported by rank {p.rank}" if text.startswith(MISMATCH)
-                        else f"rank {p.rank} gave up on rank {self.rank}")
-                raise PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
-            culprit = blamed if 0 <= blamed < self.size else p.rank
-            raise PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
-                            origin=text)
+            raise self._reported(p, hdr, reason.decode("utf-8", "replace"))
         if hdr.kind == STATE:
             raw = bytearray(STATE_PAYLOAD.size)
             p.recv_exact(raw)
