@@ -80,6 +80,17 @@ def _redop(op) -> Op:
                      "MIN, MAX, BAND, BOR, BXOR)")
 
 
+def _seconds(timeout: timedelta) -> float:
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"mccl: a process group's timeout must be a datetime.timedelta, got "
+                        f"{type(timeout).__name__}")
+    timeout_s = timeout.total_seconds()
+    if timeout_s <= 0:
+        raise ValueError(f"mccl: the process group's timeout must be positive, got "
+                         f"{timeout} ({timeout_s:g} s)")
+    return timeout_s
+
+
 def _master_addr(store) -> str | None:
     addr = os.environ.get("MASTER_ADDR")
     if addr:
@@ -136,10 +147,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             self._global_ranks = list(range(size))
         self._label = group_name or "default"
         self._group_name = group_name or ""
-        timeout_s = timeout.total_seconds()
-        if timeout_s <= 0:
-            raise ValueError(f"mccl: the process group's timeout must be positive, got "
-                             f"{timeout} ({timeout_s:g} s)")
+        timeout_s = _seconds(timeout)
         address = choose_address(cfg.socket_ifname, _master_addr(store))
         if not default:  # the default group has every rank: no member list to disagree on
             agree_members(store, self._global_ranks[rank], self._global_ranks, self._label,
@@ -746,7 +754,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self.shutdown()
 
     def set_timeout(self, timeout: timedelta) -> None:
+        """The group timeout for every wait that starts after this call (ops already waiting
+        keep their deadline)."""
+        timeout_s = _seconds(timeout)
         self._timeout = timeout
+        self._mesh.set_timeout(timeout_s)
+        self._engine.timeout_s = timeout_s
 
 
 def create(dist_opts, backend_options=None) -> ProcessGroupMCCL:

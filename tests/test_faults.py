@@ -547,6 +547,36 @@ def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
     assert run_ranks(_late_but_alive, 2, timeout=60, pg_timeout_s=2) == ["ok", "ok"]
 
 
+def _shorter_timeout(rank: int, world: int) -> str:
+    """The group starts with a 60 s timeout; ``set_timeout`` shortens it to 2 s on both ranks.
+    Rank 1 then joins an all-reduce 6 s late: rank 0 must give up on it after the new timeout
+    (with the old one the late rank would arrive in time and the op would succeed)."""
+    import torch
+    import torch.distributed as dist
+
+    pg = dist.group.WORLD
+    for bad in (timedelta(0), 5):
+        try:
+            pg.set_timeout(bad)
+            return f"set_timeout({bad!r}) was accepted"
+        except (TypeError, ValueError) as e:
+            assert "timeout" in str(e), e
+    pg.set_timeout(timedelta(seconds=2))
+    if rank == 1:
+        time.sleep(6)
+    try:
+        dist.all_reduce(torch.ones(4))
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return str(e)
+    return "ok"
+
+
+def test_set_timeout_applies_to_later_ops() -> None:
+    r0, _ = run_ranks(_shorter_timeout, 2, timeout=60, pg_timeout_s=60)
+    # Rank 1 may still finish its op: rank 0's part of it was sent before rank 0 gave up.
+    assert "no data from rank 1 for 2s" in r0, r0
+
+
 # ---------------------------------------------------------------- leaving without destroy
 
 _EXIT_SCRIPT = r'''

@@ -155,12 +155,16 @@ def tune_socket(sock: socket.socket, timeout_s: float, probe_s: float | None = N
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
             except OSError:
                 pass
-    # Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) fills a whole buffer in one
-    # call; a receive wakes every probe_s to look around. A send gives up after twice the group
-    # timeout without progress: a stalled rank is reported by whoever receives from it after
-    # one timeout, and ranks whose sends back up behind it learn that from error frames
-    # instead of blaming the neighbour that merely stopped reading.
     sock.settimeout(None)
+    set_socket_timeouts(sock, timeout_s, probe_s)
+
+
+def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | None) -> None:
+    """Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) fills a whole buffer in one
+    call; a receive wakes every probe_s to look around. A send gives up after twice the group
+    timeout without progress: a stalled rank is reported by whoever receives from it after
+    one timeout, and ranks whose sends back up behind it learn that from error frames
+    instead of blaming the neighbour that merely stopped reading."""
     rcv = probe_s if probe_s is not None else timeout_s
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(max(rcv, 0.001)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
@@ -477,8 +481,9 @@ class Mesh:
         self.rank = rank
         self.size = size
         self.group = group
+        self._probe_cap = probe_s
         self.timeout_s = timeout_s
-        self.probe_s = max(0.01, min(probe_s, timeout_s / 2))
+        self.probe_s = self._probe_for(timeout_s)
         self.describe = describe
         self.max_unexpected = max_unexpected
         self.peers: list[Peer | None] = [None] * size
@@ -506,6 +511,20 @@ class Mesh:
         self._held: set[int] = set()
         #: The thread running an op (the one that may read the sockets), else None.
         self._reader: threading.Thread | None = None
+
+    def _probe_for(self, timeout_s: float) -> float:
+        return max(0.01, min(self._probe_cap, timeout_s / 2))
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """A new group timeout for every wait that starts after this call (any thread)."""
+        self.timeout_s = timeout_s
+        self.probe_s = self._probe_for(timeout_s)
+        for p in self._live():
+            p.timeout_s, p.probe_s = timeout_s, self.probe_s
+            try:
+                set_socket_timeouts(p.sock, timeout_s, self.probe_s)
+            except OSError:  # a closed socket: its next use reports that
+                pass
 
     def peer(self, r: int) -> Peer:
         p = self.peers[r]
