@@ -40,7 +40,8 @@ from .algorithms.base import Scratch
 from .device import Handoff
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature, pack_header
-from .transport.tcp import MISMATCH, Mesh, MismatchError, PeerError
+from .transport.mesh import MISMATCH, Mesh, MismatchError
+from .transport.tcp import PeerError
 from .work import Work
 
 log = logging.getLogger("mccl.engine")

@@ -9,7 +9,7 @@ import numpy as np
 from .errors import CollectiveError
 from .ops import Kind, signature
 from .transport.framing import P2P
-from .transport.tcp import Mesh
+from .transport.mesh import Mesh
 
 
 def monitored_barrier(mesh: Mesh, tag: int, timeout_s: float, wait_all_ranks: bool) -> None:

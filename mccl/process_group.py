@@ -28,6 +28,7 @@ from .monitor import monitored_barrier
 from .ops import Kind, describe, signature
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
+from .transport.mesh import Mesh
 from .transport.rendezvous import (
     agree_members,
     choose_address,
@@ -35,7 +36,7 @@ from .transport.rendezvous import (
     cores_per_rank,
     new_incarnation,
 )
-from .transport.tcp import Mesh, PeerError
+from .transport.tcp import PeerError
 from .work import GroupWork, Work, completed_work
 
 log = logging.getLogger("mccl")

@@ -454,19 +454,19 @@ def test_ab_settings_apply_and_restore() -> None:
     finally:
         sys.path.remove(str(REPO / "benchmarks" / "h200" / "ab"))
     from mccl.algorithms import base
-    from mccl.transport import tcp
+    from mccl.transport import mesh, tcp
 
-    before = (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES)
+    before = (base.MAX_CHUNK_BYTES, mesh.INLINE_MAX_BYTES)
     undo = mccl_ab.apply("max_chunk=4096,inline_max=128")
-    assert (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES) == (4096, 128)
+    assert (base.MAX_CHUNK_BYTES, mesh.INLINE_MAX_BYTES) == (4096, 128)
     undo()
-    assert (base.MAX_CHUNK_BYTES, tcp.INLINE_MAX_BYTES) == before
+    assert (base.MAX_CHUNK_BYTES, mesh.INLINE_MAX_BYTES) == before
     # socket-level switches wrap functions; undo puts the originals back
-    fns = (tcp.tune_socket, tcp.Peer.recv_exact)
+    fns = (mesh.tune_socket, tcp.Peer.recv_exact)
     undo = mccl_ab.apply("quickack=1,notsent=262144,cc=2,clamp=1048576")
-    assert (tcp.tune_socket, tcp.Peer.recv_exact) != fns
+    assert (mesh.tune_socket, tcp.Peer.recv_exact) != fns
     undo()
-    assert (tcp.tune_socket, tcp.Peer.recv_exact) == fns
+    assert (mesh.tune_socket, tcp.Peer.recv_exact) == fns
     undo = mccl_ab.apply("recv_piece=4096")
     assert tcp.Peer.recv_exact is not fns[1]
     undo()

@@ -37,8 +37,9 @@ from mccl.transport.framing import (
     pack_header,
     unpack_header,
 )
+from mccl.transport.mesh import Mesh, MismatchError
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
-from mccl.transport.tcp import Mesh, MismatchError, PeerError
+from mccl.transport.tcp import PeerError
 from tests.threads import in_thread, on_thread
 
 FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,

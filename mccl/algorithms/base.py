@@ -24,7 +24,7 @@ Finisher = Callable[[np.ndarray], None] | None
 #: unshaped links, moved 1.2x the bytes per second with them (two A/B pairs). The floor is
 #: set by the thread that forwards chunks: a 64 KiB chunk is 52 us at 10 Gbit/s, but
 #: receiving, reducing and writing it (small writes go inline, see
-#: ``tcp.INLINE_MAX_BYTES``) took that thread about 80 us, so 1-2 MB ops ran at the thread's
+#: ``mesh.INLINE_MAX_BYTES``) took that thread about 80 us, so 1-2 MB ops ran at the thread's
 #: pace; from 128 KiB the writes go to the sender thread (eleventh session,
 #: benchmarks/results/h200/call_s11a).
 MIN_CHUNK_BYTES = 128 << 10

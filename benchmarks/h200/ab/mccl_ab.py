@@ -49,7 +49,7 @@ import sys
 from collections.abc import Callable
 
 _CONSTANTS = {
-    "inline_max": ("mccl.transport.tcp", "INLINE_MAX_BYTES"),
+    "inline_max": ("mccl.transport.mesh", "INLINE_MAX_BYTES"),
     "min_chunk": ("mccl.algorithms.base", "MIN_CHUNK_BYTES"),
     "max_chunk": ("mccl.algorithms.base", "MAX_CHUNK_BYTES"),
     "cpu_chunk": ("mccl.algorithms.base", "CPU_BOUND_CHUNK_BYTES"),
@@ -139,11 +139,11 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
 
         return work, "__init__", init if value else eager
     if key == "peer_check":
-        mesh = importlib.import_module("mccl.transport.tcp").Mesh
+        mesh = importlib.import_module("mccl.transport.mesh").Mesh
         check = mesh.check_open
         return mesh, "check_open", check if value else (lambda self, peer: None)
     if key == "start_write":
-        mesh = importlib.import_module("mccl.transport.tcp").Mesh
+        mesh = importlib.import_module("mccl.transport.mesh").Mesh
         send_frame = mesh.send_frame
         if not value:
             def queued(self, peer, header, payload, nbytes, on_done=None, start=False):
@@ -165,9 +165,9 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
     if key in ("notsent", "cc", "clamp"):
         import socket
 
-        from mccl.transport import tcp
+        from mccl.transport import mesh
 
-        tune = tcp.tune_socket
+        tune = mesh.tune_socket
         name = {1: b"reno", 2: b"bbr"}.get(value, b"cubic")
 
         def tune_more(sock, *args, **kwargs):
@@ -179,7 +179,7 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
             else:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
 
-        return tcp, "tune_socket", tune_more
+        return mesh, "tune_socket", tune_more
     if key == "recv_piece":
         peer = importlib.import_module("mccl.transport.tcp").Peer
         recv_exact = peer.recv_exact
@@ -199,15 +199,15 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
     if key == "sndbuf":
         import socket
 
-        from mccl.transport import tcp
+        from mccl.transport import mesh
 
-        tune = tcp.tune_socket
+        tune = mesh.tune_socket
 
         def tune_socket(sock, *args, **kwargs):
             tune(sock, *args, **kwargs)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, value)
 
-        return tcp, "tune_socket", tune_socket
+        return mesh, "tune_socket", tune_socket
     if key == "ag_copy":
         ring = importlib.import_module("mccl.algorithms.ring")
         gather = ring.all_gather

@@ -1,0 +1,882 @@
+"""The connections of one group and the logic over them: framed data checked against the
+op every rank should be in, point-to-point matching, and failure detection.
+
+Failure semantics (never hang, never corrupt): a blocked receive wakes every ``probe_s``
+(SO_RCVTIMEO) and, off the hot path, looks at the other connections: error frames, dead peers
+(EOF without a BYE) and stale or mismatched frames raise at once; the first time it blocks in an
+op it tells every peer what it waits in (a STATE frame), so ranks that issued different ops at
+the same sequence number find out even when no data flows. Silence from the awaited peer for the
+group timeout raises, unless that peer reported it is itself waiting for a third rank (then
+that rank's neighbour reports the real culprit first).
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .framing import (
+    BYE,
+    DATA,
+    ERROR,
+    HEADER_SIZE,
+    MAX_ERROR_BYTES,
+    P2P,
+    STATE,
+    STATE_PAYLOAD,
+    FrameError,
+    Header,
+    Signature,
+    pack_header,
+    unpack_header,
+)
+from .tcp import (
+    PROBE_S,
+    Peer,
+    PeerError,
+    byte_view,
+    set_socket_timeouts,
+    tune_socket,
+)
+
+log = logging.getLogger("mccl.transport")
+
+#: Payloads up to this size are copied or written inline instead of queued zero-copy.
+INLINE_MAX_BYTES = 64 << 10
+#: How long a failing rank keeps its sockets open so its error frame can reach the peers.
+ERROR_LINGER_S = 3.0
+#: Ops whose signatures are remembered to explain stale frames and late probes.
+HISTORY = 64
+#: Frames of other peers up to this size are read ahead (stashed) while blocked, so error
+#: frames queued behind them are seen; larger ones are left in the socket.
+POLL_STASH_MAX = 1 << 20
+#: Frames read from one peer per poll before moving on.
+POLL_FRAMES = 64
+
+
+#: What every MismatchError's text starts with: a peer that gets it in an error frame tells a
+#: mismatch (nothing broke) from a failure by it.
+MISMATCH = "collective mismatch"
+
+
+class MismatchError(RuntimeError):
+    """Ranks issued different collectives at the same sequence number."""
+
+    def __init__(self, peer: int, message: str):
+        super().__init__(message if message.startswith(MISMATCH) else f"{MISMATCH}: {message}")
+        self.peer = peer
+        self.culprit = peer
+
+
+@dataclass(eq=False)
+class PostedRecv:
+    """A point-to-point receive waiting for its message (``Mesh.post_recv``). Whichever read of
+    the comm thread meets the message fills ``buf``, so a receive never holds up the group's
+    other ops (gloo's semantics: an ``irecv`` posted before a collective does not block it)."""
+
+    src: int | None  # None: from any peer
+    tag: int
+    buf: memoryview
+    since: float  # posted, or the group's last collective since: the timeout counts from here
+    on_filled: Callable[[PostedRecv], None]
+    source: int = -1  # the peer it came from, once filled
+
+
+def describe_signature(sig: Signature, names: Callable[[Signature], str] | None) -> str:
+    return names(sig) if names else repr(sig)
+
+
+class Mesh:
+    """All connections of one group: rank -> Peer, plus the framed receive logic."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        group: int,
+        peers: dict[int, socket.socket],
+        timeout_s: float,
+        label: str,
+        describe: Callable[[Signature], str] | None = None,
+        max_unexpected: int = 1 << 32,
+        probe_s: float = PROBE_S,
+    ):
+        self.rank = rank
+        self.size = size
+        self.group = group
+        self._probe_cap = probe_s
+        self.timeout_s = timeout_s
+        self.probe_s = self._probe_for(timeout_s)
+        self.describe = describe
+        self.max_unexpected = max_unexpected
+        self.peers: list[Peer | None] = [None] * size
+        for r, s in peers.items():
+            tune_socket(s, timeout_s, self.probe_s)
+            p = Peer(r, s, timeout_s, label, self.probe_s)
+            p.on_stall = self._stalled
+            self.peers[r] = p
+        self.closed = False
+        self.failed = False
+        self._close_lock = threading.Lock()
+        # What this rank is doing (comm thread): current op (seq 0 outside collectives), the
+        # last completed collective, and the signatures of recent ones.
+        self.cur_seq = 0
+        self.cur_sig = Signature(0)
+        self.done_seq = 0
+        self._hist: list[tuple[int, Signature] | None] = [None] * HISTORY
+        self._ahead: dict[int, list[tuple[int, Signature]]] = {}  # probes for ops not begun
+        self._probed: tuple[int, int] | None = None
+        self._polling = False
+        #: Receives waiting for their message, in the order they were posted (comm thread).
+        self.posted: list[PostedRecv] = []
+        #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
+        #: until that op reads it; ``serve`` does not wait on them meanwhile.
+        self._held: set[int] = set()
+        #: The thread running an op (the one that may read the sockets), else None.
+        self._reader: threading.Thread | None = None
+
+    def _probe_for(self, timeout_s: float) -> float:
+        return max(0.01, min(self._probe_cap, timeout_s / 2))
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """A new group timeout for every wait that starts after this call (any thread)."""
+        self.timeout_s = timeout_s
+        self.probe_s = self._probe_for(timeout_s)
+        for p in self._live():
+            p.timeout_s, p.probe_s = timeout_s, self.probe_s
+            try:
+                set_socket_timeouts(p.sock, timeout_s, self.probe_s)
+            except OSError:  # a closed socket: its next use reports that
+                pass
+
+    def peer(self, r: int) -> Peer:
+        p = self.peers[r]
+        if p is None:
+            raise ValueError(
+                f"rank {r} is not a peer of rank {self.rank} in a group of {self.size}")
+        return p
+
+    def _live(self) -> list[Peer]:
+        return [p for p in self.peers if p is not None]
+
+    # ---- op bookkeeping (comm thread, once per op) ----
+    def begin_op(self, seq: int, sig: Signature) -> None:
+        """Record the op this rank is in (seq 0: not a collective); checks probes that peers
+        sent for it before this rank got here."""
+        self.cur_seq = seq
+        self.cur_sig = sig
+        self._held.clear()
+        self._reader = threading.current_thread()
+        if seq:
+            self._hist[seq % HISTORY] = (seq, sig)
+            if self._ahead:
+                for r, theirs in self._ahead.pop(seq, ()):
+                    self._compare(r, seq, theirs)
+
+    def end_op(self) -> None:
+        if self.cur_seq:
+            self.done_seq = self.cur_seq
+            if self.posted:  # every peer just took part: a posted receive's timeout counts
+                now = time.monotonic()  # from here (its sender is alive, merely later)
+                for pr in self.posted:
+                    pr.since = now
+        self.cur_seq = 0
+        self._reader = None
+
+    def op_failed(self) -> None:
+        """The running op failed: its thread no longer reads the sockets (``_send_error``)."""
+        self._reader = None
+
+    def _issued(self, seq: int) -> Signature | None:
+        h = self._hist[seq % HISTORY]
+        return h[1] if h is not None and h[0] == seq else None
+
+    def _compare(self, r: int, seq: int, theirs: Signature) -> None:
+        differs = self._issued_otherwise(r, seq, theirs)
+        if differs is not None:
+            raise MismatchError(r, differs)
+
+    def _mismatch_text(self, r: int, seq: int, mine: Signature, their_seq: int,
+                       theirs: Signature) -> str:
+        d = self.describe
+        return (f"{MISMATCH}: rank {self.rank} issued op #{seq} "
+                f"{describe_signature(mine, d)}, but rank {r} issued op #{their_seq} "
+                f"{describe_signature(theirs, d)}")
+
+    def _issued_otherwise(self, r: int, seq: int, theirs: Signature) -> str | None:
+        """The mismatch text if this rank issued op ``seq`` with another signature than rank
+        ``r`` did (None: the same, or too long ago to tell)."""
+        mine = self._issued(seq)
+        if mine is None or mine == theirs:
+            return None
+        return self._mismatch_text(r, seq, mine, seq, theirs)
+
+    # ---- sends ----
+    def send(self, peer: int, kind: int, sig: Signature, seq: int, payload, tag: int = 0,
+             on_done: Callable[[BaseException | None], None] | None = None) -> bool:
+        """Send one frame; returns True if it was written (or copied) before returning, so the
+        caller may reuse ``payload`` at once, False if it was queued zero-copy (then
+        ``on_done`` is called by the sender thread once it was written or failed)."""
+        nbytes = memoryview(payload).nbytes if payload is not None else 0
+        if kind == P2P:
+            sig = Signature(sig.op, sig.dtype, sig.redop, tag, sig.count)
+        return self.send_frame(peer, pack_header(kind, sig, self.group, seq, nbytes), payload,
+                               nbytes, on_done)
+
+    def send_frame(self, peer: int, header: bytes, payload, nbytes: int,
+                   on_done: Callable[[BaseException | None], None] | None = None,
+                   start: bool = False) -> bool:
+        """``send`` with the header already packed (an op reuses one per chunk length).
+
+        Small frames are written by the calling thread when the connection is idle (else
+        copied and queued). A large one is queued zero-copy for the sender thread, except with
+        ``start`` (an op's first send to this peer): then the calling thread writes what the
+        idle socket takes at once, so the link does not wait for the sender thread to wake up
+        (on a loaded host that took milliseconds), and queues the rest."""
+        p = self.peer(peer)
+        if p.send_error is not None:
+            raise self._send_error(p)
+        p.sent_since_state = True
+        try:
+            if nbytes <= INLINE_MAX_BYTES:
+                if p.write_now(header, payload, copy_rest=True) is None:
+                    p.enqueue(header, bytes(byte_view(payload)) if nbytes else b"")
+                return True
+            if start:
+                done = p.write_now(header, payload, copy_rest=False, on_done=on_done)
+                if done is not None:
+                    return done
+            p.enqueue(header, payload, on_done)
+        except PeerError:
+            if p.send_error is not None:
+                raise self._send_error(p) from None
+            raise
+        return False
+
+    def _send_error(self, p: Peer) -> PeerError:
+        """Why sending to ``p`` failed. A peer that failed first (a mismatch it found, a rank
+        it gave up on) sent an error frame before closing: on the thread running an op, read
+        what arrived from ``p`` so that reason (or its exit) is reported, not a broken pipe."""
+        if self._reader is threading.current_thread() and not self._polling and not p.eof:
+            self._polling = True
+            try:
+                self._poll_peer(p)
+            except PeerError as e:
+                return e
+            except Exception:  # noqa: BLE001 - the socket error is the answer then
+                pass
+            finally:
+                self._polling = False
+        return p.send_failure()
+
+    def check_open(self, peer: int) -> None:
+        """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
+        message sent now would be lost without an error (any thread: only peeks). The next
+        frame's header is looked at only while no other thread reads the sockets (else the
+        bytes peeked may be the middle of a frame; the op's own thread reads whole frames)."""
+        p = self.peer(peer)
+        if p.eof:
+            raise p._closed_error()
+        raw = p.peek(HEADER_SIZE)  # a header only: the peer's data may be waiting
+        if raw is None:
+            return
+        if not raw:
+            raise p._closed_error()
+        if self._polling or self._reader not in (None, threading.current_thread()):
+            return  # a reader may be inside a frame: the bytes peeked need not start one
+        try:  # the next frame, if whole: a BYE or an error report means it has gone
+            hdr = unpack_header(raw)
+        except FrameError:
+            return  # not all there yet (a garbled one is the reader's to report)
+        if hdr.group != self.group:
+            return
+        if hdr.kind == BYE:
+            raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
+        if hdr.kind == ERROR:
+            raw = p.peek(HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
+            raise self._reported(p, hdr, bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace"))
+
+    def flush(self, peers: Sequence[int], deadline: float | None = None,
+              poll: bool = True) -> None:
+        """Wait until every frame queued to ``peers`` has been handed to the kernel.
+
+        Without ``deadline`` this relies on the sender thread, whose writes fail after the
+        group timeout without progress; meanwhile it keeps looking at the other connections.
+        """
+        self.wait_marks(self.mark(peers), deadline, poll)
+
+    def mark(self, peers: Sequence[int]) -> list[tuple[int, threading.Event]]:
+        """A token for 'everything queued to ``peers`` so far'; see ``wait_marks``."""
+        return [(r, self.peer(r).marker()) for r in peers]
+
+    def wait_marks(self, events: list[tuple[int, threading.Event]],
+                   deadline: float | None = None, poll: bool = True) -> None:
+        """Wait until the frames queued before ``mark`` have been handed to the kernel."""
+        for r, ev in events:
+            while not ev.wait(self.probe_s):
+                if self.closed:
+                    raise PeerError(r, "the process group was shut down")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise PeerError(r, f"sending to rank {r} made no progress before the "
+                                       "timeout")
+                if poll and not self._polling:
+                    self._probe(r)
+                    self._poll(None)
+            p = self.peer(r)
+            if p.send_error is not None:
+                raise self._send_error(p)
+
+    # ---- receives (comm thread) ----
+    def _header(self, p: Peer) -> Header:
+        """Read the next frame header from ``p``; control frames are handled here (ERROR
+        raises, STATE is recorded and checked, BYE is noted) and returned for the caller to
+        skip."""
+        p.recv_exact(p._hdr)
+        return self._parse(p)
+
+    def _parse(self, p: Peer) -> Header:
+        """``_header`` for a header already read into ``p._hdr``."""
+        try:
+            hdr = unpack_header(p._hdr)
+        except FrameError as e:
+            raise PeerError(p.rank, f"malformed frame from rank {p.rank}: {e}") from e
+        if hdr.kind > P2P:
+            self._control(p, hdr)
+        return hdr
+
+    def _reported(self, p: Peer, hdr: Header, text: str) -> PeerError:
+        """The error that ``p``'s error frame ``hdr`` with reason ``text`` reports: its rank to
+        blame and its reason, forwarded unchanged (``origin``) so messages do not nest."""
+        blamed = hdr.sig.root
+        if blamed == self.rank:  # this rank is the one the others gave up on: the fault is
+            # here (its link broke, it stalled, or it issued the odd op), not at the rank that
+            # says so
+            said = (f"reported by rank {p.rank}" if text.startswith(MISMATCH)
+                    else f"rank {p.rank} gave up on rank {self.rank}")
+            return PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
+        culprit = blamed if 0 <= blamed < self.size else p.rank
+        return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
+                         origin=text)
+
+    def _control(self, p: Peer, hdr: Header) -> None:
+        if hdr.kind == ERROR:
+            reason = bytearray(hdr.length)
+            p.recv_exact(reason)
+            raise self._reported(p, hdr, reason.decode("utf-8", "replace"))
+        if hdr.kind == STATE:
+            raw = bytearray(STATE_PAYLOAD.size)
+            p.recv_exact(raw)
+            (waits_for,) = STATE_PAYLOAD.unpack(raw)
+            p.state = (hdr.seq, hdr.sig, waits_for)
+            p.sent_since_state = False
+            if hdr.seq:
+                if hdr.seq > max(self.cur_seq, self.done_seq):
+                    self._ahead.setdefault(hdr.seq, []).append((p.rank, hdr.sig))
+                else:
+                    self._compare(p.rank, hdr.seq, hdr.sig)
+        elif hdr.kind == BYE:
+            p.bye = True
+
+    def _aside(self, p: Peer, hdr: Header) -> None:
+        """A frame that is not the awaited one: stash data, fail on a BYE."""
+        if hdr.kind == BYE:
+            raise PeerError(p.rank, f"rank {p.rank} shut the group down while rank {self.rank} "
+                                    "still waits for it")
+        self._stash(p, hdr)
+
+    def _stash(self, p: Peer, hdr: Header) -> None:
+        """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
+        if hdr.kind == P2P:
+            if not self._deliver(p, hdr):
+                p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+        elif hdr.kind == DATA:
+            self._check_early(p, hdr)
+            p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+
+    def _check_early(self, p: Peer, hdr: Header) -> None:
+        """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
+        if hdr.seq <= self.done_seq and hdr.seq != self.cur_seq:
+            raise MismatchError(p.rank, self._completed_text(p, hdr))
+        if hdr.seq == self.cur_seq and hdr.sig != self.cur_sig:
+            raise MismatchError(p.rank, self._mismatch_text(p.rank, hdr.seq, self.cur_sig,
+                                                            hdr.seq, hdr.sig))
+
+    def _check(self, p: Peer, hdr: Header, seq: int, sig: Signature, nbytes: int) -> None:
+        if hdr.group != self.group:
+            raise MismatchError(p.rank, f"rank {p.rank} sent a frame of another group")
+        if hdr.seq != seq or hdr.sig != sig:
+            raise MismatchError(p.rank, self._frame_mismatch(p, hdr, seq, sig))
+        if hdr.length != nbytes:
+            raise MismatchError(
+                p.rank,
+                f"{MISMATCH} in op #{seq} {describe_signature(sig, self.describe)}: "
+                f"rank {p.rank} sent {hdr.length} bytes where rank {self.rank} expects {nbytes}",
+            )
+
+    def _frame_mismatch(self, p: Peer, hdr: Header, seq: int, sig: Signature) -> str:
+        """Explain a frame that does not belong to the op this rank is receiving for."""
+        d = self.describe
+        if hdr.seq == seq:
+            return self._mismatch_text(p.rank, seq, sig, seq, hdr.sig)
+        if hdr.seq < seq:  # a frame of an op this rank completed without it
+            differs = self._issued_otherwise(p.rank, hdr.seq, hdr.sig)
+            if differs is not None:
+                return differs
+            return (f"{MISMATCH}: rank {p.rank} sent data of op #{hdr.seq} "
+                    f"{describe_signature(hdr.sig, d)} that rank {self.rank} completed without "
+                    f"it; rank {self.rank} is at op #{seq} {describe_signature(sig, d)}")
+        return (f"{MISMATCH}: rank {self.rank} issued op #{seq} "
+                f"{describe_signature(sig, d)}, but rank {p.rank} completed that op without "
+                f"rank {self.rank}'s data and already sent data of its op #{hdr.seq} "
+                f"{describe_signature(hdr.sig, d)}: it issued a different op #{seq}")
+
+    def recv_data(self, peer: int, seq: int, sig: Signature, buf,
+                  expect: bytes | None = None) -> None:
+        """Receive the next collective frame from ``peer`` into ``buf`` (exact length).
+
+        ``expect``: the header that frame must carry, ``pack_header(DATA, sig, group, seq,
+        len(buf))``. A byte-equal header passes every check ``_check`` makes, so the common
+        case skips parsing; anything else takes the full path below.
+        """
+        p = self.peer(peer)
+        mv = byte_view(buf)
+        if p.coll_stash:
+            hdr, data = p.coll_stash.popleft()
+            self._check(p, hdr, seq, sig, len(mv))
+            mv[:] = data
+            return
+        read = False
+        if expect is not None:
+            p.recv_exact(p._hdr)
+            if p._hdr == expect:
+                p.recv_exact(mv)
+                return
+            read = True
+        while True:
+            hdr = self._parse(p) if read else self._header(p)
+            read = False
+            if hdr.kind != DATA:
+                self._aside(p, hdr)
+                continue
+            self._check(p, hdr, seq, sig, len(mv))
+            p.recv_exact(mv)
+            return
+
+    def _take_p2p(self, p: Peer, hdr: Header, tag: int, mv: memoryview) -> None:
+        if hdr.length != len(mv):
+            raise MismatchError(
+                p.rank,
+                f"rank {p.rank} sent {hdr.length} bytes with tag {tag}; "
+                f"the receive buffer on rank {self.rank} holds {len(mv)}",
+            )
+
+    def _from_stash(self, p: Peer, tag: int, mv: memoryview) -> bool:
+        """Fill ``mv`` with the oldest stashed message from ``p`` with ``tag``, if there is one."""
+        for i, (hdr, data) in enumerate(p.p2p_stash):
+            if hdr.sig.root == tag:
+                self._take_p2p(p, hdr, tag, mv)
+                del p.p2p_stash[i]
+                mv[:] = data
+                return True
+        return False
+
+    # ---- posted receives (comm thread) ----
+    def post_recv(self, src: int | None, tag: int, buf,
+                  on_filled: Callable[[PostedRecv], None]) -> PostedRecv:
+        """Receive the next message with ``tag`` from ``src`` (None: any peer) into ``buf``
+        without waiting for it: ``on_filled`` is called (on the reading thread) once it is
+        there, at once if it was read ahead already. Messages from one peer with one tag fill
+        receives in the order they were posted."""
+        pr = PostedRecv(src, tag, byte_view(buf), time.monotonic(), on_filled)
+        for p in self._senders(src):
+            if self._from_stash(p, tag, pr.buf):
+                self._filled(pr, p)
+                return pr
+        self.posted.append(pr)
+        return pr
+
+    def _senders(self, src: int | None) -> list[Peer]:
+        """The peers a receive from ``src`` (None: any) may take its message from."""
+        return [self.peer(src)] if src is not None else self._live()
+
+    def _filled(self, pr: PostedRecv, p: Peer) -> None:
+        pr.source = p.rank
+        self._probed = None  # a later wait for this peer is news again
+        pr.on_filled(pr)
+
+    def _receiver(self, p: Peer, hdr: Header) -> PostedRecv | None:
+        """The posted receive a p2p frame from ``p`` fills (None: nobody has asked for it yet,
+        or an older message with its tag waits in the stash)."""
+        tag = hdr.sig.root
+        if not self.posted or any(h.sig.root == tag for h, _ in p.p2p_stash):
+            return None
+        for pr in self.posted:
+            if pr.tag == tag and pr.src in (None, p.rank):
+                return pr
+        return None
+
+    def _deliver(self, p: Peer, hdr: Header) -> bool:
+        """A p2p frame whose header was just read from ``p``: read its payload straight into
+        the posted receive that wants it; False if none does (the caller stashes it)."""
+        pr = self._receiver(p, hdr)
+        if pr is None:
+            return False
+        self.posted.remove(pr)
+        self._take_p2p(p, hdr, pr.tag, pr.buf)
+        p.recv_exact(pr.buf)
+        self._filled(pr, p)
+        return True
+
+    def serve(self, timeout_s: float, wake: socket.socket) -> None:
+        """The comm thread is idle while receives are posted or sends are on their way: wait up
+        to ``timeout_s`` for bytes from any peer (or a byte on ``wake``: new work), then read
+        every complete frame that arrived: messages for posted receives straight into their
+        buffers, other messages stashed, small frames of a later collective stashed (a large
+        one stays in the socket for its op), control frames handled (an error frame or a
+        dead peer raises). Raises when a posted receive waited the group timeout."""
+        if self.closed:
+            raise PeerError(self.rank, "the process group was shut down")
+        self._polling = True  # a stalled read in here must not probe or poll
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(wake, selectors.EVENT_READ, None)
+                for q in self._live():
+                    if not q.eof and q.rank not in self._held:
+                        sel.register(q.sock, selectors.EVENT_READ, q)
+                for key, _ in sel.select(timeout_s):
+                    q = key.data
+                    if q is None:
+                        try:
+                            wake.recv(4096)
+                        except OSError:
+                            pass
+                        continue
+                    read = self._poll_peer(q, any_p2p=True)
+                    if read is None:
+                        self._held.add(q.rank)
+                    elif read == 0 and not q.eof:
+                        # readable, but not a whole header yet: wait for the rest of it here
+                        # (rather than spin on the select), or for the end of the stream
+                        self._stash(q, self._header(q))
+        finally:
+            self._polling = False
+        self._check_posted()
+
+    def _check_posted(self) -> None:
+        """Tell the peers what the oldest posted receive waits for once it waited ``probe_s``;
+        raise once it waited the group timeout, or when its sender has shut the group down."""
+        now = time.monotonic()
+        for pr in self.posted:
+            if all(q.eof for q in self._senders(pr.src)):
+                who = f"rank {pr.src}" if pr.src is not None else "every peer"
+                raise PeerError(pr.src if pr.src is not None else self.rank,
+                                f"{who} shut the group down before sending the message with "
+                                f"tag {pr.tag} that rank {self.rank} waits for")
+        if not self.posted:
+            return
+        pr = self.posted[0]
+        waited = now - pr.since
+        if waited >= self.probe_s:
+            self._probe(pr.src if pr.src is not None else -1)
+        if waited >= self.timeout_s:
+            if pr.src is None:
+                raise PeerError(self.rank, f"no message with tag {pr.tag} from any rank for "
+                                           f"{waited:.0f}s (group timeout)")
+            raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
+                                    f"{waited:.0f}s (group timeout)"
+                                    f"{self._waits_on_us(self.peer(pr.src))}")
+
+    def _read_one(self, p: Peer, tag: int, mv: memoryview) -> bool:
+        """Read one frame from ``p``; True if it was the awaited p2p message (now in mv)."""
+        hdr = self._header(p)
+        if hdr.kind == P2P and hdr.sig.root == tag:
+            self._take_p2p(p, hdr, tag, mv)
+            p.recv_exact(mv)
+            return True
+        self._aside(p, hdr)
+        return False
+
+    def recv_p2p_any(self, tag: int, buf, deadline: float) -> int:
+        """Receive a p2p message with ``tag`` from whichever peer sends first; return its rank."""
+        mv = byte_view(buf)
+        live = self._live()
+        for p in live:
+            if self._from_stash(p, tag, mv):
+                return p.rank
+        with selectors.DefaultSelector() as sel:
+            for p in live:
+                if not p.eof:
+                    sel.register(p.sock, selectors.EVENT_READ, p)
+            while True:
+                if self.closed:
+                    raise PeerError(self.rank, "the process group was shut down")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"no message with tag {tag} from any rank before the timeout")
+                if not sel.get_map():
+                    raise PeerError(self.rank, "every peer shut the group down")
+                for key, _ in sel.select(min(left, self.probe_s)):
+                    p = key.data
+                    if p.bye and p.at_eof():
+                        sel.unregister(p.sock)
+                        continue
+                    if self._read_one(p, tag, mv):
+                        return p.rank
+
+    # ---- the slow path: blocked for probe_s or more ----
+    def _stalled(self, p: Peer, got: int, stall: list | None) -> list:
+        """Called by ``p.recv_exact`` each time its socket timed out (comm thread)."""
+        now = time.monotonic()
+        if self.closed:
+            raise PeerError(p.rank, "the process group was shut down")
+        if stall is None or stall[1] != got:
+            stall = [now - self.probe_s if stall is None else now, got]
+        waited = now - stall[0]
+        if waited >= self.timeout_s and not self._excused(p, waited):
+            raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
+                                    f"(group timeout){self._waits_on_us(p)}")
+        if not self._polling:
+            self._probe(p.rank)
+            self._poll(p)
+        return stall
+
+    def _waits_on_us(self, p: Peer) -> str:
+        """The silent peer's STATE, where it says the peer waits for this rank (and this rank
+        sent it nothing since) in another op: the two wait on each other, which a timeout
+        alone does not explain. Both blocked in the same collective means bytes that never
+        arrived (a link lost in one direction), not an ordering, so no hint then."""
+        st = p.state
+        if (st is None or st[2] != self.rank or p.sent_since_state
+                or (st[0] and st[0] == self.cur_seq)):
+            return ""
+        what = (f"op #{st[0]} {describe_signature(st[1], self.describe)}" if st[0]
+                else "a point-to-point op")
+        return (f"; rank {p.rank} last reported waiting for rank {self.rank} in {what}: each "
+                "waits for the other (a group runs its collectives one at a time in the order "
+                "each rank issued them, and a blocking receive keeps its caller from issuing "
+                "what follows it; did the two ranks issue their ops in different orders?)")
+
+    def _excused(self, p: Peer, waited: float) -> bool:
+        """The awaited peer said it is itself blocked on a third rank, in this op or in the
+        one before it (a rank that got all it needed of an op goes on to the next while its
+        neighbour still waits in that op's last step): give that rank's neighbour time to
+        report the real culprit (at most one more timeout)."""
+        st = p.state
+        return (st is not None and st[0] != 0 and self.cur_seq - 1 <= st[0] <= self.cur_seq
+                and st[2] not in (-1, self.rank) and waited < 2 * self.timeout_s)
+
+    def _probe(self, waits_for: int) -> None:
+        """Tell every peer, once per (op, awaited rank), what this rank is blocked in."""
+        key = (self.cur_seq, waits_for)
+        if key == self._probed:
+            return
+        self._probed = key
+        payload = STATE_PAYLOAD.pack(waits_for)
+        header = pack_header(STATE, self.cur_sig, self.group, self.cur_seq, len(payload))
+        for q in self._live():
+            if q.send_error is None and not q.bye:
+                try:
+                    q.enqueue(header, payload)
+                except PeerError:
+                    pass
+
+    def _peek_header(self, q: Peer) -> Header | None:
+        """The header of ``q``'s next frame if all of it has arrived, left in the socket (None:
+        not yet, or the end of the stream after a BYE, which sets ``q.eof``). A dead or
+        garbled connection raises PeerError."""
+        raw = q.peek(HEADER_SIZE)
+        if raw is None:
+            return None
+        if not raw:
+            if q.bye:
+                q.eof = True
+                return None
+            raise q._closed_error()
+        if len(raw) < HEADER_SIZE:
+            return None
+        try:
+            return unpack_header(raw)
+        except FrameError as e:
+            raise PeerError(q.rank, f"malformed frame from rank {q.rank}: {e}") from e
+
+    def _poll(self, awaited: Peer | None) -> None:
+        """Read what the other peers sent without blocking: error frames and probes are handled,
+        small frames stashed, EOF without a BYE (a dead process) raises."""
+        self._polling = True
+        try:
+            for q in self.peers:
+                if q is not None and q is not awaited and not q.eof:
+                    self._poll_peer(q)
+        finally:
+            self._polling = False
+
+    def _poll_peer(self, q: Peer, any_p2p: bool = False) -> int | None:
+        """Read ``q``'s frames that have arrived whole (at most ``POLL_FRAMES``); return how
+        many, or None where it stopped at a frame too large to stash, left in the socket. A p2p
+        message a posted receive wants is always read (into that receive); other large ones
+        only with ``any_p2p``."""
+        for n in range(POLL_FRAMES):
+            peeked = self._peek_header(q)
+            if peeked is None:
+                return n
+            if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
+                if peeked.kind == DATA:
+                    self._check_early(q, peeked)
+                    return None
+                if not any_p2p and self._receiver(q, peeked) is None:
+                    return None
+            self._stash(q, self._header(q))
+        return POLL_FRAMES
+
+    # ---- what the peers sent that was never read (clean shutdown) ----
+    def unread(self, grace_s: float) -> list[str]:
+        """After a clean shutdown's BYE: what the peers sent that this rank never read, up to
+        each peer's own BYE (waited for at most ``grace_s``; a peer still busy by then is
+        skipped). Why: an op that only sends on some ranks (a small broadcast whose ranks
+        named different roots) completes everywhere, and without a later op to trip over its
+        data the mismatch would pass silently. Returns one explanation per finding: data of an
+        op this rank issued differently or never, a peer's probe for such an op, a
+        point-to-point message nobody received. (A peer's error report is none: that peer
+        raised it to its own caller.) Only the shutting-down thread may call this (the comm
+        thread has stopped)."""
+        found = [self._unread_text(p, hdr) for p in self._live()
+                 for hdr, _ in (*p.coll_stash, *p.p2p_stash)]
+        found += [self._never_issued(r, seq, sig) for seq, probes in sorted(self._ahead.items())
+                  for r, sig in probes]
+        deadline = time.monotonic() + grace_s
+        self._polling = True  # a stalled read here must not probe or poll
+        try:
+            with selectors.DefaultSelector() as sel:
+                for p in self._live():
+                    if not (p.bye or p.eof) and not self._scan(p, found):
+                        sel.register(p.sock, selectors.EVENT_READ, p)
+                while sel.get_map():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.debug("rank %d: no BYE from ranks %s within %.1fs of shutdown",
+                                  self.rank, sorted(k.data.rank for k in
+                                                    sel.get_map().values()), grace_s)
+                        break
+                    for key, _ in sel.select(left):
+                        if self._scan(key.data, found):
+                            sel.unregister(key.fileobj)
+        finally:
+            self._polling = False
+        return list(dict.fromkeys(found))  # a stray op's chunks explain it once
+
+    def _scan(self, p: Peer, found: list[str]) -> bool:
+        """Read ``p``'s frames that have arrived; True once there is nothing more to learn from
+        it (its BYE, the end of its stream, or a finding added to ``found``)."""
+        for _ in range(POLL_FRAMES):
+            try:
+                hdr = self._peek_header(p)
+            except PeerError:  # gone without a BYE (exited without shutting down): not a
+                return True    # finding, and nothing more to read
+            if hdr is None:
+                return p.eof
+            if hdr.kind in (DATA, P2P):
+                found.append(self._unread_text(p, hdr))
+                return True
+            try:
+                self._header(p)  # a control frame: STATE is checked, BYE noted, ERROR raises
+            except MismatchError as e:
+                found.append(str(e))
+                return True
+            except PeerError:  # the peer failed and said so: it raised there, to its caller
+                return True
+            if hdr.kind == STATE and hdr.seq > max(self.cur_seq, self.done_seq):
+                found.append(self._never_issued(p.rank, hdr.seq, hdr.sig))  # it waits there
+                return True
+            if p.bye:
+                return True
+        return False
+
+    def _unread_text(self, p: Peer, hdr: Header) -> str:
+        if hdr.kind == P2P:
+            return (f"rank {p.rank} sent rank {self.rank} a point-to-point message (tag "
+                    f"{hdr.sig.root}, {hdr.length} bytes) that rank {self.rank} never received")
+        if hdr.seq > self.done_seq:
+            return self._never_issued(p.rank, hdr.seq, hdr.sig)
+        return self._completed_text(p, hdr)
+
+    def _completed_text(self, p: Peer, hdr: Header) -> str:
+        """Explain a collective frame of an op this rank already completed without it."""
+        return self._issued_otherwise(p.rank, hdr.seq, hdr.sig) or (
+            f"{MISMATCH}: rank {p.rank} sent rank {self.rank} data for op #{hdr.seq} "
+            f"{describe_signature(hdr.sig, self.describe)} that rank {self.rank} did not "
+            "expect (it completed that op)")
+
+    def _never_issued(self, r: int, seq: int, sig: Signature) -> str:
+        last = (f"its last was op #{self.done_seq}" if self.done_seq
+                else "it issued no collective")
+        return (f"{MISMATCH}: rank {r} issued op #{seq} {describe_signature(sig, self.describe)}"
+                f", which rank {self.rank} never issued ({last} before shutting the group "
+                "down)")
+
+    # ---- failure and shutdown ----
+    def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
+        """Tell every peer why this rank gives up (blaming ``culprit`` if known), then close
+        the connections shortly after."""
+        if self.failed:
+            return
+        self.failed = True
+        text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
+        blamed = culprit if culprit is not None else -1
+        header = pack_header(ERROR, Signature(0, root=blamed), self.group, seq, len(text))
+        for p in self._live():
+            if p.send_error is None and not p.eof:
+                try:
+                    p.enqueue(header, text)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+        t = threading.Timer(ERROR_LINGER_S, self.close)
+        t.daemon = True
+        t.start()
+
+    def say_bye(self, deadline: float) -> None:
+        """Clean shutdown: tell every peer, so a rank still blocked elsewhere does not take the
+        closing connection for a crash."""
+        header = pack_header(BYE, Signature(0), self.group, 0, 0)
+        sent = []
+        for p in self._live():
+            if p.send_error is None and not p.eof:
+                try:
+                    p.enqueue(header, b"")
+                    sent.append(p.rank)
+                except PeerError:
+                    pass
+        try:
+            self.flush(sent, deadline, poll=False)
+        except PeerError:
+            pass
+
+    def close(self) -> None:
+        """Shut every socket down; unblocks any thread waiting on them."""
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
+        for p in self._live():
+            p.stop()
+            try:
+                p.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def dispose(self, join_s: float = 2.0) -> None:
+        """Close and release the sockets once no thread uses them any more."""
+        self.close()
+        deadline = time.monotonic() + join_s
+        for p in self._live():
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._live():
+            try:
+                p.sock.close()
+            except OSError:
+                pass
