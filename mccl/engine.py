@@ -48,6 +48,10 @@ log = logging.getLogger("mccl.engine")
 
 #: At shutdown after a failure, how long queued error frames get to reach the peers.
 ERROR_FLUSH_S = 1.0
+#: At a clean shutdown, how long the last bytes get to reach the peers once the ops are done.
+FLUSH_S = 5.0
+#: How often a shutdown looks whether the ops it waits for have finished.
+DRAIN_POLL_S = 0.01
 #: At a clean shutdown, how long a rank waits for its peers' BYE to read what they sent and it
 #: did not (``Mesh.unread``: a mismatch that no later op would have revealed is reported).
 UNREAD_GRACE_S = 1.0
@@ -63,12 +67,23 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 @atexit.register
 def _shut_down_at_exit() -> None:
     """After the interpreter joined its non-daemon threads (a user's thread may still be
-    training when the main thread returns; callbacks on mccl's completer finish there)."""
+    training when the main thread returns; callbacks on mccl's completer finish there).
+
+    Every group says BYE before any waits for its peers' BYE: one group at a time, each
+    waiting for peers that were shutting another group down first, took up to
+    ``UNREAD_GRACE_S`` per group (a set has no order that is the same on every rank)."""
+    stopped = []
     for engine in list(_LIVE):
         try:
-            engine.shutdown(abort=False)
+            if engine.stop(abort=False):
+                stopped.append(engine)
         except Exception:  # noqa: BLE001 - never fail the interpreter's exit
             log.debug("mccl group '%s': shutdown at exit failed", engine.label, exc_info=True)
+    for engine in stopped:
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001
+            log.debug("mccl group '%s': close at exit failed", engine.label, exc_info=True)
 
 
 def _shown(logger: logging.Logger) -> bool:
@@ -233,12 +248,14 @@ class Engine:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._busy = 0  # jobs submitted and not yet finished (guarded by _seq_lock)
+        self._finished = 0  # jobs finished so far (guarded by _seq_lock): shutdown's progress
         # One executor at a time: an inline job on a caller's thread and the comm thread must
         # never read the sockets together (another thread may submit while one runs inline).
         self._exec_lock = threading.Lock()
         self.error: CollectiveError | None = None
         self._stopped = False
         self._aborted = False
+        self._said_bye = False  # a clean stop told the peers (``close`` then reads to theirs)
         self._next: object = _NO_JOB  # a job taken off the queue by an early start
         self.early_starts = 0  # ops whose first sends went out early (tests read it)
         # Parked jobs (comm thread; counted in _busy until they finish) and those that have
@@ -377,6 +394,7 @@ class Engine:
         """A submitted job has finished (``_busy`` counts parked jobs until then)."""
         with self._seq_lock:
             self._busy -= 1
+            self._finished += 1
 
     def _run_counted(self, job: Job) -> None:
         """Run one job (never two at once: the comm thread and an inline caller share the
@@ -532,10 +550,7 @@ class Engine:
 
     def _report_unread(self) -> None:
         """Report what the peers sent that this rank never read (``Mesh.unread``): a mismatch
-        that no later op revealed. Logged at ERROR where the application's logging shows
-        the 'mccl' logger, else issued as a RuntimeWarning, which Python shows by default:
-        raising would stop torch's destroy_process_group halfway through its groups. A scan
-        error never fails the shutdown."""
+        that no later op revealed (``_tell``). A scan error never fails the shutdown."""
         mesh = self.mesh
         try:
             findings = mesh.unread(UNREAD_GRACE_S)
@@ -544,22 +559,60 @@ class Engine:
                       exc_info=True)
             return
         for finding in findings:
-            text = f"mccl group '{self.label}', rank {mesh.rank}, at shutdown: {finding}"
-            if not _shown(log):
-                try:
-                    warnings.warn(text, RuntimeWarning, stacklevel=2)
-                    continue
-                except Warning:  # warnings made errors (-W error): still never fail here
-                    pass
-            log.error("%s", text)
+            self._tell(f"mccl group '{self.label}', rank {mesh.rank}, at shutdown: {finding}")
 
-    def shutdown(self, abort: bool = False, drain_s: float = 5.0) -> None:
-        """Stop the comm thread. Without ``abort``, queued ops finish first (bounded by
-        ``drain_s``, then the connections are cut); with it, they fail at once. Either way every
-        queued op's Work completes and no thread stays blocked on this group."""
+    @staticmethod
+    def _tell(text: str) -> None:
+        """Logged at ERROR where the application's logging shows the 'mccl' logger, else
+        issued as a RuntimeWarning, which Python shows by default (never raised: a shutdown
+        must not fail halfway through torch's groups)."""
+        if not _shown(log):
+            try:
+                warnings.warn(text, RuntimeWarning, stacklevel=3)
+                return
+            except Warning:  # warnings made errors (-W error): still never fail here
+                pass
+        log.error("%s", text)
+
+    def _drain(self, stall_s: float) -> bool:
+        """Wait until the queued ops, and one a caller's thread runs inline, have finished
+        (parked receives are left: nothing may ever come for them). False once no op has
+        finished for ``stall_s``: each op fails on a stalled peer by then, so this only bounds
+        an op stuck in a way the group timeout does not cover."""
+        last, since = -1, 0.0
+        while True:
+            alive = self._thread.is_alive()
+            with self._seq_lock:
+                # After the comm thread's exit only inline and parked jobs stay counted.
+                if not alive and self._busy <= len(self._parked):
+                    return True
+                done = self._finished
+            now = time.monotonic()
+            if done != last:
+                last, since = done, now
+            elif now - since >= stall_s:
+                return False
+            if alive:
+                self._thread.join(DRAIN_POLL_S)
+            else:
+                time.sleep(DRAIN_POLL_S)
+
+    def shutdown(self, abort: bool = False, drain_s: float | None = None) -> None:
+        """Stop the comm thread. Without ``abort``, queued ops (and one running inline on a
+        caller's thread) finish first, for as long as they make progress: the connections are
+        cut once none has finished for ``drain_s`` (default: the group timeout). With
+        ``abort`` they fail at once. Either way every queued op's Work completes and no thread
+        stays blocked on this group."""
+        if self.stop(abort, drain_s):
+            self.close()
+
+    def stop(self, abort: bool = False, drain_s: float | None = None) -> bool:
+        """``shutdown``'s first part, up to the BYE sent to the peers; False if the group
+        was stopped already."""
+        drain_s = self.timeout_s if drain_s is None else drain_s
         with self._seq_lock:
             if self._stopped:
-                return
+                return False
             self._stopped = True
             self._aborted = abort
             if abort:
@@ -570,16 +623,15 @@ class Engine:
         mesh = self.mesh
         if abort:
             mesh.close()
-        self._thread.join(timeout=drain_s)
-        if self._thread.is_alive():
-            log.warning("mccl group '%s': ops still running after %.0fs at shutdown; cutting "
-                        "the connections", self.label, drain_s)
+        if not abort and not self._drain(drain_s):
+            self._tell(f"mccl group '{self.label}': at shutdown, no op finished for "
+                       f"{drain_s:g}s; cutting the connections (the ops left fail)")
             mesh.close()
-            self._thread.join(timeout=drain_s)
-            if self._thread.is_alive():
-                log.error("mccl group '%s': comm thread did not stop", self.label)
+        self._thread.join(timeout=FLUSH_S)
+        if self._thread.is_alive():
+            log.error("mccl group '%s': comm thread did not stop", self.label)
         # After a failure only our error frames are left to go out: a short, bounded wait.
-        deadline = time.monotonic() + (drain_s if self.error is None else ERROR_FLUSH_S)
+        deadline = time.monotonic() + (FLUSH_S if self.error is None else ERROR_FLUSH_S)
         if not mesh.closed:
             peers = [p.rank for p in mesh.peers if p is not None]
             try:  # let queued bytes (or our error frames) reach the peers before we go
@@ -592,9 +644,16 @@ class Engine:
             self._fail_parked(CollectiveError(
                 f"mccl process group '{self.label}' was {how} before this op finished",
                 op="shutdown"))
-        if not mesh.closed and self.error is None:
+        self._said_bye = not mesh.closed and self.error is None
+        if self._said_bye:
             mesh.say_bye(deadline)
+        return True
+
+    def close(self) -> None:
+        """``shutdown``'s second part: after a clean stop, read what the peers sent up to their
+        BYE and report what no op read; then free the connections."""
+        if self._said_bye:
             self._report_unread()
-        mesh.dispose()
+        self.mesh.dispose()
         self._wake_r.close()
         self._wake_w.close()

@@ -242,6 +242,14 @@ def test_unpack_header_structured(fields: tuple) -> None:
         assert hdr.length == 0
 
 
+@pytest.mark.parametrize("kind", [DATA, P2P])
+def test_frames_of_tensors_past_16_gib_are_accepted(kind: int) -> None:
+    """A 17.5 GB point-to-point message goes in one frame (gloo moves it); its header was
+    refused as malformed, which broke the group."""
+    n = 17_500_000_000
+    assert unpack_header(pack_header(kind, SIG, GROUP, 1, n)).length == n
+
+
 @FUZZ
 @given(st.binary(min_size=0, max_size=2 * handshake.HELLO_SIZE))
 def test_parse_hello_random_bytes(raw: bytes) -> None:
@@ -662,6 +670,81 @@ def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
         engine.submit(job("barrier", lambda ch, h: None))
     for s in far.values():
         s.close()
+
+
+def test_shutdown_waits_for_ops_that_keep_finishing() -> None:
+    """Queued ops that take longer in all than ``drain_s`` but keep finishing, and a blocking
+    op a caller's thread runs inline, all complete before shutdown cuts anything (it cut the
+    connections after a fixed 5 s, so ranks kept different results)."""
+    from mccl.device.cpu import CpuHandoff
+    from mccl.engine import Engine, Job
+    from mccl.work import Work
+
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
+
+    def slow(ch, h) -> None:
+        time.sleep(0.2)
+        if mesh.closed:
+            raise RuntimeError("the connections were cut under the op")
+        try:
+            far[1].recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        raise RuntimeError("the peer was told goodbye under the op")
+
+    def job(name: str) -> Job:
+        return Job(name, SIG, slow, Work(name), CpuHandoff([]))
+
+    inline = Work("inline")
+    caller = threading.Thread(
+        target=lambda: engine.submit(Job("inline", SIG, slow, inline, CpuHandoff([])),
+                                     inline=True))
+    caller.start()
+    time.sleep(0.05)  # the inline op is running on the caller's thread
+    queued = [engine.submit(job(f"all_reduce{i}")) for i in range(6)]  # 1.2 s in all
+    engine.shutdown(drain_s=0.5)
+    caller.join(10)
+    for w in [inline, *queued]:
+        assert w.is_completed()
+        w.wait()
+    for s in far.values():
+        s.close()
+
+
+def test_exit_says_bye_on_every_group_before_waiting_for_any() -> None:
+    """At interpreter exit every group is stopped (BYE sent) before any waits for its peers'
+    BYE: group by group in a set's order, which differs between ranks, each wait could last
+    the whole grace period."""
+    from mccl import engine as eng
+
+    calls: list[tuple[str, str]] = []
+
+    class Fake:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def stop(self, abort: bool) -> bool:
+            calls.append(("stop", self.label))
+            return self.label != "stopped before"
+
+        def close(self) -> None:
+            calls.append(("close", self.label))
+
+    fakes = [Fake(n) for n in ("a", "stopped before", "b")]
+    saved = set(eng._LIVE)
+    eng._LIVE.clear()
+    try:
+        for f in fakes:
+            eng._LIVE.add(f)
+        eng._shut_down_at_exit()
+    finally:
+        eng._LIVE.clear()
+        for e in saved:
+            eng._LIVE.add(e)
+    kinds = [k for k, _ in calls]
+    assert kinds == ["stop"] * 3 + ["close"] * 2, calls
+    assert ("close", "stopped before") not in calls
 
 
 def test_a_failed_send_reports_the_error_frame_the_peer_left() -> None:

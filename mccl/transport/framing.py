@@ -22,9 +22,11 @@ STATE = 4  # the sender is blocked in op seq/sig; payload: the rank it waits for
 BYE = 5  # the sender shut the group down cleanly; no payload
 KINDS = (DATA, P2P, ERROR, STATE, BYE)
 
-#: Largest unexpected (stashed) payload we allocate for; expected payloads are bounded by the
-#: buffer the receiver posted.
-MAX_UNEXPECTED_BYTES = 1 << 34
+#: Largest frame payload accepted, a bound on lengths read from the wire: 1 TiB, beyond any
+#: tensor one host holds (16 GiB refused a 17.5 GB point-to-point message that gloo moves).
+#: An expected payload must match the buffer the receiver posted; one read ahead of its
+#: receive (stashed) is allocated step by step as its bytes arrive (``Peer.read_payload``).
+MAX_UNEXPECTED_BYTES = 1 << 40
 #: Largest error reason accepted.
 MAX_ERROR_BYTES = 1 << 16
 #: Payload of a STATE frame: the rank the sender waits for.

@@ -103,7 +103,6 @@ class Mesh:
         timeout_s: float,
         label: str,
         describe: Callable[[Signature], str] | None = None,
-        max_unexpected: int = 1 << 32,
         probe_s: float = PROBE_S,
     ):
         self.rank = rank
@@ -113,7 +112,6 @@ class Mesh:
         self.timeout_s = timeout_s
         self.probe_s = self._probe_for(timeout_s)
         self.describe = describe
-        self.max_unexpected = max_unexpected
         self.peers: list[Peer | None] = [None] * size
         for r, s in peers.items():
             tune_socket(s, timeout_s, self.probe_s)
@@ -393,10 +391,10 @@ class Mesh:
         """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
         if hdr.kind == P2P:
             if not self._deliver(p, hdr):
-                p.p2p_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+                p.p2p_stash.append((hdr, p.read_payload(hdr)))
         elif hdr.kind == DATA:
             self._check_early(p, hdr)
-            p.coll_stash.append((hdr, p.read_payload(hdr, self.max_unexpected)))
+            p.coll_stash.append((hdr, p.read_payload(hdr)))
 
     def _check_early(self, p: Peer, hdr: Header) -> None:
         """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
