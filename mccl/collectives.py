@@ -195,12 +195,22 @@ def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratc
         offs += n
 
 
-def broadcast(ch: Channel, t: torch.Tensor, root: int) -> None:
+def _joined(ch: Channel, scratch: Scratch) -> None:
+    """End of an op with a root: wait until every rank has joined it with the same signature
+    (a dissemination barrier in the op's own frames, log2(n) rounds of one byte). A rank whose
+    part only sends (a broadcast or scatter root, a gather's other ranks) would otherwise
+    return while a rank that named another root fails, and hear of it only at its next op;
+    now every rank's op fails."""
+    doubling.barrier(ch, scratch)
+
+
+def broadcast(ch: Channel, t: torch.Tensor, root: int, scratch: Scratch) -> None:
     buf = as_bytes(t)
     if buf.nbytes <= BROADCAST_SMALL_BYTES:
         doubling.broadcast(ch, buf, root)
     else:
         ring.broadcast(ch, buf, root)
+    _joined(ch, scratch)
 
 
 def _segments(arr: np.ndarray, world: int) -> list[np.ndarray]:
@@ -222,6 +232,7 @@ def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) ->
         mine = segs[ch.rank] if is_root else np.empty_like(segs[ch.rank])
         ring.reduce_scatter(ch, segs, mine, fn, fin, scratch, ends_op=False)  # gather follows
         direct.gather(ch, mine, segs if is_root else None, root)
+        _joined(ch, scratch)
     if is_root:
         red.commit()
 
@@ -292,12 +303,16 @@ def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> No
     direct.all_to_all(ch, ins, outs)
 
 
-def gather(ch: Channel, inp: torch.Tensor, outs: list[torch.Tensor] | None, root: int) -> None:
+def gather(ch: Channel, inp: torch.Tensor, outs: list[torch.Tensor] | None, root: int,
+           scratch: Scratch) -> None:
     direct.gather(ch, as_bytes(inp), [as_bytes(o) for o in outs] if outs else None, root)
+    _joined(ch, scratch)
 
 
-def scatter(ch: Channel, out: torch.Tensor, ins: list[torch.Tensor] | None, root: int) -> None:
+def scatter(ch: Channel, out: torch.Tensor, ins: list[torch.Tensor] | None, root: int,
+            scratch: Scratch) -> None:
     direct.scatter(ch, [as_bytes(i) for i in ins] if ins else None, as_bytes(out), root)
+    _joined(ch, scratch)
 
 
 def barrier(ch: Channel, scratch: Scratch) -> None:

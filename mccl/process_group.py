@@ -423,7 +423,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         root = self._root(op_name, root)
         sig = signature(Kind.BROADCAST, t.dtype, root=root, count=t.numel())
         is_root = self.rank() == root
-        return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root),
+        scratch = self._engine.scratch
+        return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
                             [t], [is_root], [not is_root], [t], opts=opts)
 
     def reduce(self, tensors, opts=None):
@@ -507,9 +508,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
         sig = signature(Kind.GATHER, inp.dtype, root=root, count=inp.numel())
-        n = len(outs)
+        n, scratch = len(outs), self._engine.scratch
         return self._submit(op_name, sig,
-                            lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root),
+                            lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
+                                                      scratch),
                             outs + [inp], [False] * n + [True], [True] * n + [False],
                             [outs] if is_root else [], opts=opts)
 
@@ -520,9 +522,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         ins = self._root_list(op_name, input_tensors, root, "scatter list", out)
         sig = signature(Kind.SCATTER, out.dtype, root=root, count=out.numel())
-        n = len(ins)
+        n, scratch = len(ins), self._engine.scratch
         return self._submit(op_name, sig,
-                            lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root),
+                            lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root,
+                                                       scratch),
                             ins + [out], [True] * n + [False], [False] * n + [True], [out],
                             opts=opts)
 

@@ -274,9 +274,10 @@ def mismatch_run() -> list[dict]:
 
 def test_mismatch_every_rank_errors(mismatch_run) -> None:
     """Ranks that issue different ops, counts, dtypes, reduce ops or roots at one sequence
-    number all get an error naming the mismatch, at 2, 3 and 4 ranks with one odd rank. A rank
-    whose part needed nothing from others (a broadcast root, say) may complete the op; its
-    result is then right, and its next op on the group raises."""
+    number all get an error naming the mismatch, at 2, 3 and 4 ranks with one odd rank. In an
+    op without a root, a rank whose part needed nothing from others may complete it; its
+    result is then right, and its next op on the group raises. Ops with a root fail on every
+    rank."""
     rows = [row for r in mismatch_run for row in r["mismatch"]]
     assert len(rows) == len(_cases(0)) * (2 + 3 + 4)
     for name, n, me, op_ok, at, _, msg in rows:
@@ -286,6 +287,8 @@ def test_mismatch_every_rank_errors(mismatch_run) -> None:
         # a forwarded mismatch carries its own text, not the detecting rank's wrapper
         assert msg.count(" failed [") <= 1, f"{where}: nested: {msg}"
         assert op_ok in (None, True), f"{where}: the op returned a wrong result"
+        if name.startswith("root"):  # every rank waits for all to join an op with a root
+            assert at == "op", f"{where}: the op itself did not fail ({msg})"
 
 
 def test_bad_input_is_clear_and_group_stays_usable(mismatch_run) -> None:
@@ -329,7 +332,7 @@ def test_ranks_waiting_on_each_other_are_told_so() -> None:
 
 #: Scenarios of ``_unread_at_shutdown``: op after a normal all-reduce, then the group is
 #: destroyed with no later op that could trip over the stray data.
-UNREAD_CASES = ("own roots", "extra op", "unreceived send", "clean")
+UNREAD_CASES = ("extra op", "unreceived send", "clean")
 
 
 def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
@@ -354,13 +357,12 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         g = dist.new_group(list(range(world)))
         t = torch.full((4,), float(rank))
         dist.all_reduce(t, group=g)
-        if case == "own roots":  # every rank names itself: each completes, sending only
-            dist.broadcast(t, src=rank, group=g)
-            dist.barrier()  # (sent before any peer says BYE: a send after it raises)
-        elif case == "extra op":  # only rank 0 issues it
+        if case == "extra op":  # only rank 0 issues it: it sends, and waits for nothing
             if rank == 0:
-                dist.broadcast(t, src=0, group=g)
-            dist.barrier()
+                dist.all_to_all_single(torch.empty(0), torch.ones(world - 1),
+                                       output_split_sizes=[0] * world,
+                                       input_split_sizes=[0] + [1] * (world - 1), group=g)
+            dist.barrier()  # (sent before any peer says BYE: a send after it raises)
         elif case == "unreceived send":
             if rank == 0:
                 dist.send(t, dst=1, group=g)
@@ -374,17 +376,20 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         found[case] = list(kept)
     # no logging set up that would show the 'mccl' logger: a RuntimeWarning instead
     logging.getLogger("mccl").removeHandler(keep)
+
+    def stray(g) -> None:  # every rank sends its neighbour a message nobody receives
+        dist.send(torch.zeros(4), dst=(rank + 1) % world, group=g)
+        dist.barrier()
+
     g = dist.new_group(list(range(world)))
-    dist.broadcast(torch.zeros(4), src=rank, group=g)
-    dist.barrier()
+    stray(g)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dist.destroy_process_group(g)
     found["warned"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
     # warnings made errors (python -W error): the finding must not make the destroy raise
     g = dist.new_group(list(range(world)))
-    dist.broadcast(torch.zeros(4), src=rank, group=g)
-    dist.barrier()
+    stray(g)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dist.destroy_process_group(g)
@@ -393,19 +398,16 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_stray_data_is_reported_at_shutdown(world: int) -> None:
-    """An op that only sends completes on every rank even when the ranks disagree (each its
-    own broadcast root, a broadcast only rank 0 issued, a send nobody receives); with no later
-    op the data would go unread silently. Destroying the group reads what the peers sent up
-    to their BYE and logs each finding as an error (a RuntimeWarning where no logging shows
-    the 'mccl' logger); a clean group reports nothing."""
+    """An op that only sends completes (an all-to-all that receives nothing, issued by rank 0
+    alone; a send nobody receives); with no later op the data would go unread silently.
+    Destroying the group reads what the peers sent up to their BYE and logs each finding as an
+    error (a RuntimeWarning where no logging shows the 'mccl' logger); a clean group reports
+    nothing."""
     found = run_ranks(_unread_at_shutdown, world, timeout=120)
     for rank, by_case in enumerate(found):
         assert by_case["clean"] == [], f"rank {rank}: {by_case['clean']}"
         warned = by_case["warned"]
-        assert warned and all("collective mismatch" in m for m in warned), (rank, warned)
-        own = by_case["own roots"]
-        assert own and all("collective mismatch" in m and "broadcast" in m for m in own), (
-            f"rank {rank}: {own}")
+        assert warned and all("never received" in m for m in warned), (rank, warned)
         extra = by_case["extra op"]
         if rank == 0:
             assert extra == [], extra
@@ -459,8 +461,8 @@ def _departures(rank: int, world: int) -> dict:
         out["broadcast after bye"] = attempt(lambda: dist.broadcast(torch.ones(4), 0, group=g))
     dist.barrier()
 
-    # 2. The peer found a mismatch and its connections closed (ERROR_LINGER_S later): the
-    # next op of the rank that completed the mismatched op names the mismatch, not a broken
+    # 2. A mismatched broadcast fails on both ranks, the root too; after the peer's
+    # connections closed (ERROR_LINGER_S later) the next op names the mismatch, not a broken
     # pipe. On ranks 1 and 2, so the messages carry global ranks too.
     g = dist.new_group([1, 2])
     if rank in (1, 2):
@@ -513,7 +515,7 @@ def test_peers_that_went_away_or_stopped_reading() -> None:
     assert "rank 1 has shut the group down" in r0["send after bye"], r0
     assert "rank 1 has shut the group down" in r0["broadcast after bye"], r0
     first, after = r1["after mismatch"]
-    assert first == "NO ERROR", first  # the root completed its broadcast
+    assert "collective mismatch" in first, first  # the root waits for all to join: it fails
     assert "collective mismatch" in after and "(global rank 1)" in after, after
     assert "accepted no data" in r0["send to a silent peer"], r0
     assert r0["ctrl-c"] == "KeyboardInterrupt", r0
