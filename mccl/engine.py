@@ -55,6 +55,37 @@ DRAIN_POLL_S = 0.01
 #: At a clean shutdown, how long a rank waits for its peers' BYE to read what they sent and it
 #: did not (``Mesh.unread``: a mismatch that no later op would have revealed is reported).
 UNREAD_GRACE_S = 1.0
+#: How long past the group timeout a shutdown waits for an op to finish before it cuts the
+#: connections: the op's own timeout (which names the silent peer) fires first.
+DRAIN_MARGIN_S = 2.0
+#: Shutdowns that follow one another within this gap share their waits (``_SharedDeadline``).
+SWEEP_GAP_S = 0.25
+
+
+class _SharedDeadline:
+    """One deadline for the groups shut down together: torch's destroy_process_group and the
+    interpreter's exit shut them down one after another, and a stalled peer would otherwise
+    cost each group's wait in full (30 groups took 16 s). A call that comes more than
+    ``SWEEP_GAP_S`` after both the deadline and the call before it starts a new one."""
+
+    def __init__(self, span_s: float):
+        self.span_s = span_s
+        self._until = self._asked = -float("inf")
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        """Seconds left of the current deadline (a new one if none is under way)."""
+        with self._lock:
+            now = time.monotonic()
+            if now > max(self._until, self._asked) + SWEEP_GAP_S:
+                self._until = now + self.span_s
+            self._asked = now
+            return max(0.0, self._until - now)
+
+
+_FLUSH = _SharedDeadline(FLUSH_S)
+_ERROR_FLUSH = _SharedDeadline(ERROR_FLUSH_S)
+_UNREAD_GRACE = _SharedDeadline(UNREAD_GRACE_S)
 #: Issue a queued op's first sends while the op before it receives its last segment.
 EARLY_START = True
 #: ``Engine._next`` when no job was taken off the queue ahead of its turn.
@@ -553,7 +584,7 @@ class Engine:
         that no later op revealed (``_tell``). A scan error never fails the shutdown."""
         mesh = self.mesh
         try:
-            findings = mesh.unread(UNREAD_GRACE_S)
+            findings = mesh.unread(_UNREAD_GRACE.left())
         except Exception:  # noqa: BLE001 - best effort at teardown
             log.debug("mccl group '%s': scan for unread frames failed", self.label,
                       exc_info=True)
@@ -600,18 +631,24 @@ class Engine:
     def shutdown(self, abort: bool = False, drain_s: float | None = None) -> None:
         """Stop the comm thread. Without ``abort``, queued ops (and one running inline on a
         caller's thread) finish first, for as long as they make progress: the connections are
-        cut once none has finished for ``drain_s`` (default: the group timeout). With
-        ``abort`` they fail at once. Either way every queued op's Work completes and no thread
-        stays blocked on this group."""
+        cut once none has finished for ``drain_s`` (default: the group timeout plus
+        ``DRAIN_MARGIN_S``). With ``abort`` (also while another thread's shutdown drains) they
+        fail at once. Either way every queued op's Work completes and no thread stays blocked
+        on this group."""
         if self.stop(abort, drain_s):
             self.close()
 
     def stop(self, abort: bool = False, drain_s: float | None = None) -> bool:
         """``shutdown``'s first part, up to the BYE sent to the peers; False if the group
         was stopped already."""
-        drain_s = self.timeout_s if drain_s is None else drain_s
+        drain_s = self.timeout_s + DRAIN_MARGIN_S if drain_s is None else drain_s
         with self._seq_lock:
             if self._stopped:
+                if abort and not self._aborted:  # a shutdown drains: cut it short
+                    self._aborted = True
+                    self.error = self.error or CollectiveError(
+                        f"mccl process group '{self.label}' was aborted", op="abort")
+                    self.mesh.close()
                 return False
             self._stopped = True
             self._aborted = abort
@@ -631,7 +668,7 @@ class Engine:
         if self._thread.is_alive():
             log.error("mccl group '%s': comm thread did not stop", self.label)
         # After a failure only our error frames are left to go out: a short, bounded wait.
-        deadline = time.monotonic() + (FLUSH_S if self.error is None else ERROR_FLUSH_S)
+        deadline = time.monotonic() + (_FLUSH if self.error is None else _ERROR_FLUSH).left()
         if not mesh.closed:
             peers = [p.rank for p in mesh.peers if p is not None]
             try:  # let queued bytes (or our error frames) reach the peers before we go

@@ -758,8 +758,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self.shutdown()
 
     def set_timeout(self, timeout: timedelta) -> None:
-        """The group timeout for every wait that starts after this call (ops already waiting
-        keep their deadline)."""
+        """The group timeout from now on, on this rank: for later ops and for the waits of
+        ops under way (their silence from a peer is measured against the new value)."""
         timeout_s = _seconds(timeout)
         self._timeout = timeout
         self._mesh.set_timeout(timeout_s)

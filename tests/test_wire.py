@@ -712,6 +712,51 @@ def test_shutdown_waits_for_ops_that_keep_finishing() -> None:
         s.close()
 
 
+def test_abort_cuts_a_shutdown_that_is_draining() -> None:
+    """A shutdown waits for an op blocked on a silent peer (here for up to a minute); an abort
+    from another thread meanwhile fails it at once (it did nothing: the group was stopped)."""
+    from mccl import CollectiveError
+    from mccl.device.cpu import CpuHandoff
+    from mccl.engine import Engine, Job
+    from mccl.work import Work
+
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
+    stuck = engine.submit(Job("all_reduce", SIG,
+                              lambda ch, h: mesh.recv_data(1, 1, SIG, bytearray(4)),
+                              Work("all_reduce"), CpuHandoff([])))
+    draining = threading.Thread(target=engine.shutdown)
+    draining.start()
+    time.sleep(0.3)
+    assert draining.is_alive()
+    engine.shutdown(abort=True)
+    draining.join(20)
+    assert not draining.is_alive(), "the shutdown still drains after the abort"
+    with pytest.raises(CollectiveError, match="aborted"):
+        stuck.wait()
+    for s in far.values():
+        s.close()
+
+
+def test_shutdowns_in_a_row_share_one_wait() -> None:
+    """Groups shut down one after another (torch's destroy, the exit) share each wait's
+    deadline, so a stalled peer costs it once, not once per group; a shutdown that comes
+    later gets a deadline of its own."""
+    from mccl import engine as eng
+
+    clock = [100.0]
+    shared = eng._SharedDeadline(1.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eng.time, "monotonic", lambda: clock[0])
+        assert shared.left() == 1.0  # the first group waits the whole second
+        clock[0] += 1.0
+        assert shared.left() == 0.0  # the next group, right after: nothing left to wait
+        clock[0] += 0.1
+        assert shared.left() == 0.0
+        clock[0] += 5.0  # a destroy much later: a new deadline
+        assert shared.left() == 1.0
+
+
 def test_exit_says_bye_on_every_group_before_waiting_for_any() -> None:
     """At interpreter exit every group is stopped (BYE sent) before any waits for its peers'
     BYE: group by group in a set's order, which differs between ranks, each wait could last

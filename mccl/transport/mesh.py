@@ -142,7 +142,8 @@ class Mesh:
         return max(0.01, min(self._probe_cap, timeout_s / 2))
 
     def set_timeout(self, timeout_s: float) -> None:
-        """A new group timeout for every wait that starts after this call (any thread)."""
+        """A new group timeout, from now on (any thread): waits under way measure the
+        silence of their peer against it too."""
         self.timeout_s = timeout_s
         self.probe_s = self._probe_for(timeout_s)
         for p in self._live():
