@@ -266,13 +266,12 @@ def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 class Engine:
     """Comm thread + ordered queue of one process group."""
 
-    def __init__(self, mesh: Mesh, label: str, timeout_s: float, chunk_cap: int,
+    def __init__(self, mesh: Mesh, label: str, chunk_cap: int,
                  global_ranks: list[int] | None = None):
         self.mesh = mesh
         self.label = label
         #: Group rank -> global rank, for error messages of subgroups.
         self.global_ranks = global_ranks or list(range(mesh.size))
-        self.timeout_s = timeout_s
         self.chunk_cap = chunk_cap  # the group's (base.chunk_cap), for every op's channel
         self.scratch = Scratch()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -300,6 +299,11 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name=f"mccl-comm-{label}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
+
+    @property
+    def timeout_s(self) -> float:
+        """The group timeout: the mesh's, which ``Mesh.set_timeout`` changes."""
+        return self.mesh.timeout_s
 
     @property
     def seq(self) -> int:
@@ -628,6 +632,12 @@ class Engine:
             else:
                 time.sleep(DRAIN_POLL_S)
 
+    def _abort(self) -> None:
+        """Mark the group aborted (with ``_seq_lock`` held): every op left fails with that."""
+        self._aborted = True
+        self.error = self.error or CollectiveError(
+            f"mccl process group '{self.label}' was aborted", op="abort")
+
     def shutdown(self, abort: bool = False, drain_s: float | None = None) -> None:
         """Stop the comm thread. Without ``abort``, queued ops (and one running inline on a
         caller's thread) finish first, for as long as they make progress: the connections are
@@ -645,16 +655,12 @@ class Engine:
         with self._seq_lock:
             if self._stopped:
                 if abort and not self._aborted:  # a shutdown drains: cut it short
-                    self._aborted = True
-                    self.error = self.error or CollectiveError(
-                        f"mccl process group '{self.label}' was aborted", op="abort")
+                    self._abort()
                     self.mesh.close()
                 return False
             self._stopped = True
-            self._aborted = abort
             if abort:
-                self.error = self.error or CollectiveError(
-                    f"mccl process group '{self.label}' was aborted", op="abort")
+                self._abort()
             self._q.put(None)
             self._wake()
         mesh = self.mesh

@@ -160,7 +160,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                  cap >> 10)
         group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
-        self._engine = Engine(self._mesh, self._label, timeout_s, cap, self._global_ranks)
+        self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
@@ -762,8 +762,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         ops under way (their silence from a peer is measured against the new value)."""
         timeout_s = _seconds(timeout)
         self._timeout = timeout
-        self._mesh.set_timeout(timeout_s)
-        self._engine.timeout_s = timeout_s
+        self._mesh.set_timeout(timeout_s)  # the engine's op deadlines read it there
 
 
 def create(dist_opts, backend_options=None) -> ProcessGroupMCCL:

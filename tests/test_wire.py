@@ -650,7 +650,7 @@ def test_shutdown_and_abort_fail_everything_queued(abort: bool) -> None:
     from mccl.work import Work
 
     mesh, far = make_mesh(2, timeout_s=60.0)
-    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
+    engine = Engine(mesh, "t", MAX_CHUNK_BYTES)
 
     def job(name: str, body, collective: bool = True) -> Job:
         return Job(name, SIG, body, Work(name), CpuHandoff([]), collective=collective)
@@ -681,7 +681,7 @@ def test_shutdown_waits_for_ops_that_keep_finishing() -> None:
     from mccl.work import Work
 
     mesh, far = make_mesh(2, timeout_s=60.0)
-    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
+    engine = Engine(mesh, "t", MAX_CHUNK_BYTES)
 
     def slow(ch, h) -> None:
         time.sleep(0.2)
@@ -721,7 +721,7 @@ def test_abort_cuts_a_shutdown_that_is_draining() -> None:
     from mccl.work import Work
 
     mesh, far = make_mesh(2, timeout_s=60.0)
-    engine = Engine(mesh, "t", 60.0, MAX_CHUNK_BYTES)
+    engine = Engine(mesh, "t", MAX_CHUNK_BYTES)
     stuck = engine.submit(Job("all_reduce", SIG,
                               lambda ch, h: mesh.recv_data(1, 1, SIG, bytearray(4)),
                               Work("all_reduce"), CpuHandoff([])))

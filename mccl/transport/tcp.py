@@ -356,12 +356,10 @@ class Peer:
         """Whether the peer closed its side and every byte before that was read (sets
         ``eof``); a connection error counts as the end too."""
         try:
-            raw = self.sock.recv(1, _PEEK)
-        except _TIMEOUTS:
-            return False
-        except OSError:
+            raw = self.peek(1)
+        except PeerError:
             return True
-        if raw:
+        if raw is None or raw:
             return False
         self.eof = True
         return True
