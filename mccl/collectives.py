@@ -6,6 +6,7 @@ Each function takes the op's Channel and host (CPU) tensors and picks the algori
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -193,6 +194,55 @@ def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratc
         n = t.numel()
         t.reshape(-1).copy_(flat[offs:offs + n])
         offs += n
+
+
+def sparse_all_reduce(ch: Channel, t: torch.Tensor, into: torch.Tensor) -> None:
+    """SUM of a sparse COO CPU tensor over the group, written into ``into``: ``t`` itself (as
+    gloo does), or the complex tensor ``t`` is the real view of (see the caller).
+
+    Ranks hold different numbers of entries, so it is an all-gather of every rank's
+    coalesced (indices, values) in two direct rounds: the entry counts and shapes' ranks
+    first, then the sizes, indices and values. Every rank sums the same concatenation, in
+    rank order, so every rank ends with the same bits; half types sum in float32 and round
+    once. Every rank sees every rank's shape, so a mismatch fails on all of them alike.
+    """
+    w, r = ch.size, ch.rank
+    c = t.detach().coalesce()
+    idx, val = c._indices().contiguous(), c._values().contiguous()
+    head = np.array([c._nnz(), c.sparse_dim(), c.dim()], dtype=np.int64)
+    heads = [np.empty(3, dtype=np.int64) for _ in range(w)]
+    direct.all_to_all(ch, [head.view(np.uint8)] * w, [h.view(np.uint8) for h in heads])
+    if len({(int(h[1]), int(h[2])) for h in heads}) > 1:
+        raise ValueError("mccl all_reduce: ranks passed sparse tensors of different shapes: "
+                         + ", ".join(f"rank {i}: {int(h[2])} dims, {int(h[1])} sparse"
+                                     for i, h in enumerate(heads)))
+    sparse_dim, ndim = c.sparse_dim(), c.dim()
+    row = math.prod(c.shape[sparse_dim:])  # elements per entry
+    meta = np.concatenate([np.asarray(c.shape, dtype=np.int64), idx.numpy().reshape(-1)])
+    metas = [np.empty(ndim + sparse_dim * int(h[0]), dtype=np.int64) for h in heads]
+    vals = [torch.empty(int(h[0]) * row, dtype=val.dtype) for h in heads]
+    metas[r], vals[r] = meta, val.reshape(-1)
+    sends = [meta.view(np.uint8)] * w
+    direct.all_to_all(ch, sends, [m.view(np.uint8) for m in metas])
+    direct.all_to_all(ch, [as_bytes(vals[r])] * w, [as_bytes(v) for v in vals])
+    shapes = [tuple(int(x) for x in m[:ndim]) for m in metas]
+    if len(set(shapes)) > 1:
+        raise ValueError("mccl all_reduce: ranks passed sparse tensors of different sizes: "
+                         + ", ".join(f"rank {i}: {s}" for i, s in enumerate(shapes)))
+    indices = torch.from_numpy(np.concatenate([m[ndim:].reshape(sparse_dim, int(h[0]))
+                                               for m, h in zip(metas, heads, strict=True)],
+                                              axis=1))
+    values = torch.cat(vals).reshape(-1, *c.shape[sparse_dim:])
+    up = UPCAST.get(val.dtype)
+    total = torch.sparse_coo_tensor(indices, values if up is None else values.to(up), c.shape,
+                                    check_invariants=False).coalesce()
+    if up is not None:
+        total = torch.sparse_coo_tensor(total._indices(), total._values().to(val.dtype),
+                                        c.shape, is_coalesced=True)
+    if into is not t:
+        total = torch.view_as_complex(total)
+    with torch.no_grad():
+        into.copy_(total)
 
 
 def _joined(ch: Channel, scratch: Scratch) -> None:

@@ -24,6 +24,7 @@ class Kind(IntEnum):
     BARRIER = 9
     SEND_RECV = 10
     MONITORED_BARRIER = 11
+    SPARSE_ALL_REDUCE = 12
 
 
 #: Wire codes of dtypes are positions in this list (append only: ranks must agree). Named, so

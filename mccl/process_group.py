@@ -232,7 +232,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if t.is_nested:
                 raise ValueError(f"mccl {op}: nested tensors are not supported")
             if t.layout != torch.strided:
-                raise ValueError(f"mccl {op}: only dense tensors are supported, got {t.layout}")
+                raise ValueError(f"mccl {op}: only dense tensors are supported here "
+                                 f"(all_reduce also takes sparse COO CPU tensors), got "
+                                 f"{t.layout}")
             if t.dtype in _QUANTIZED:
                 raise TypeError(f"mccl {op}: unsupported dtype {t.dtype} (quantized tensors "
                                 "are not supported)")
@@ -383,6 +385,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         else:
             redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         given = self._one(op_name, tensors)
+        if isinstance(given, torch.Tensor) and given.layout == torch.sparse_coo:
+            return self._sparse_allreduce(given, redop, opts)
         device = self._device_of(op_name, [given])
         (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
@@ -390,6 +394,28 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         run = coll.AllReduce(redop, self._engine.scratch)
         return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
                             device=device, start=run.start, segmented=run.stage)
+
+    def _sparse_allreduce(self, t: torch.Tensor, redop: Op, opts) -> Work:
+        """A sparse COO gradient (``nn.Embedding(sparse=True)`` under DDP): SUM only and CPU
+        only, as gloo's (its CUDA path copies through the host too); the result replaces the
+        tensor's indices and values."""
+        op_name = "all_reduce"
+        if t.device.type != "cpu":
+            raise ValueError(f"mccl {op_name}: sparse tensors are reduced on the CPU only, got "
+                             f"one on {t.device}; pass t.cpu() and copy the result back")
+        if redop is not Op.SUM:
+            raise ValueError(f"mccl {op_name}: sparse tensors reduce with SUM only, got "
+                             f"{redop.name}")
+        if t.dtype in _QUANTIZED:
+            raise TypeError(f"mccl {op_name}: unsupported dtype {t.dtype}")
+        # torch hands a complex tensor over as its real view (``view_as_real``): a sparse one
+        # cannot take a result with other entries, so the result goes to the complex tensor
+        # (gloo writes it into the view and the caller's tensor is left unreduced).
+        base = t._base if t._is_view() else None
+        into = base if base is not None and base.is_complex() and base.is_sparse else t
+        sig = signature(Kind.SPARSE_ALL_REDUCE, t.dtype, redop)
+        return self._submit(op_name, sig, lambda ch, h: coll.sparse_all_reduce(ch, t, into),
+                            [], [], [], [into], opts=opts, device=None)
 
     @_drops_coalescing_on_error
     def allreduce_coalesced(self, tensors, opts=None):

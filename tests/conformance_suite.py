@@ -78,6 +78,7 @@ UNLOCKED: dict[str, str] = {
     "test_scatter_object_list": "gloo only",
     "test_get_future": "get_future is only supported on mpi, nccl and gloo",
     "test_grads_same_across_ranks_with_no_sync": "gloo only",
+    "test_sparse_all_reduce_sum": "Only Gloo backend supports sparse all reduce",
 }
 
 if AVAILABLE and dist.is_available():

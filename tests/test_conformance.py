@@ -30,7 +30,7 @@ CI_SUBSET = [
     "test_all_gather_coalesced_with_empty", "test_gather", "test_gather_checks", "test_scatter",
     "test_scatter_checks", "test_scatter_complex", "test_all_to_all",
     "test_all_to_all_single_equal_split", "test_all_to_all_single_unequal_split",
-    "test_all_to_all_single_unequal_split_complex", "test_barrier",
+    "test_all_to_all_single_unequal_split_complex", "test_barrier", "test_sparse_all_reduce_sum",
     # point to point
     "test_send_recv", "test_send_recv_with_tag", "test_send_recv_any_source", "test_isend",
     "test_irecv", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
