@@ -316,9 +316,7 @@ class Engine:
         with self._seq_lock:  # shutdown() takes it too: no job can land behind the sentinel
             if self._stopped:
                 _discard(job)
-                how = "aborted" if self._aborted else "shut down"
-                raise CollectiveError(
-                    f"mccl {job.name}: process group '{self.label}' was {how}", op=job.name)
+                self.check_running(job.name)
             if job.collective:
                 self._seq += 1
                 job.seq = self._seq
@@ -331,6 +329,14 @@ class Engine:
         if run_here:
             self._run_counted(job)
         return job.work
+
+    def check_running(self, name: str) -> None:
+        """Refuse op ``name`` once the group was shut down or aborted (a CPU send, which
+        does not queue, asks here; its sockets are closed by then)."""
+        if self._stopped:
+            how = "aborted" if self._aborted else "shut down"
+            raise CollectiveError(f"mccl {name}: process group '{self.label}' was {how}",
+                                  op=name)
 
     def _wake(self) -> None:
         """Wake the comm thread out of ``Mesh.serve`` (call with ``_seq_lock`` held)."""

@@ -716,6 +716,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
             return self._submit(op_name, sig, None, [t], [True], [False], [t], collective=False,
                                 device=device, park=park)
+        self._engine.check_running(op_name)
         work = Work(op_name, [t])
 
         def done(err):

@@ -557,8 +557,19 @@ def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
             coll.AllReduce.finish = real
         dist.barrier()  # the world group is untouched by the broken subgroup
 
+    def after_shutdown() -> None:
+        # A CPU send does not queue behind the engine: it asks whether the group still runs
+        # (it said "Bad file descriptor" from the closed socket).
+        g = dist.new_group(list(range(world)))
+        g.shutdown()
+        c.raises("send on a shut-down group", RuntimeError,
+                 lambda: g.send([torch.ones(1)], (rank + 1) % world, 0), "was shut down")
+        c.raises("all_reduce on a shut-down group", RuntimeError,
+                 lambda: g.allreduce([torch.ones(1)]), "was shut down")
+
     for name, fn in (("barriers", barriers), ("monitored_barrier failures", monitored_failures),
-                     ("errors", errors), ("DDP with a failing collective", ddp_failure)):
+                     ("errors", errors), ("DDP with a failing collective", ddp_failure),
+                     ("ops after shutdown", after_shutdown)):
         c.run(name, fn)
 
 
