@@ -232,7 +232,7 @@ def sparse_all_reduce(ch: Channel, t: torch.Tensor, into: torch.Tensor) -> None:
     indices = torch.from_numpy(np.concatenate([m[ndim:].reshape(sparse_dim, int(h[0]))
                                                for m, h in zip(metas, heads, strict=True)],
                                               axis=1))
-    values = torch.cat(vals).reshape(-1, *c.shape[sparse_dim:])
+    values = torch.cat(vals).reshape(indices.shape[1], *c.shape[sparse_dim:])
     up = UPCAST.get(val.dtype)
     total = torch.sparse_coo_tensor(indices, values if up is None else values.to(up), c.shape,
                                     check_invariants=False).coalesce()

@@ -64,6 +64,9 @@ def _sums(rank: int, world: int) -> list[tuple]:
     none = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), (4,))
     dist.all_reduce(none)  # no entries anywhere
     assert none._nnz() == 0 and none.shape == (4,)
+    empty_rows = torch.sparse_coo_tensor(torch.tensor([[0, rank]]), torch.zeros(2, 0), (5, 0))
+    dist.all_reduce(empty_rows)  # entries of no elements: rows 0..world-1 after the sum
+    assert empty_rows._indices().tolist() == [list(range(world))]
     return out
 
 
