@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .report import parse_size
+from .report import parse_size, plural
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,11 @@ ETH_HEADER = 14
 TCPIP_HEADERS = 52
 CMD_TIMEOUT_S = 30.0
 # Who owns a prefix: a live owner means another run is using it (do not tear it down); a dead
-# or missing owner means whatever exists is a crashed run's leftovers (remove them).
+# one means whatever exists is a crashed run's leftovers (remove them). A run records its pid
+# before it makes anything, so namespaces with no owner recorded, or PERSISTENT_OWNER, were
+# made to stay (``python -m mccl.cluster up``, or by hand): a run refuses to replace them.
 OWNER_DIR = "/run"
+PERSISTENT_OWNER = "persistent"
 KILL_WAIT_S = 5.0
 
 _RATE_UNITS = {"": 1, "bit": 1, "k": 1e3, "kbit": 1e3, "m": 1e6, "mbit": 1e6, "g": 1e9,
@@ -87,15 +90,21 @@ def parse_rate(rate: str | int | float | None) -> int | None:
     if rate is None:
         return None
     if isinstance(rate, int | float):
-        return int(rate) if rate > 0 else None
-    text = rate.strip().lower()
-    if text in ("", "none", "0", "off", "unshaped"):
+        bits = float(rate)
+    else:
+        text = rate.strip().lower()
+        if text in ("", "none", "0", "off", "unshaped"):
+            return None
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
+        if not m or m.group(2) not in _RATE_UNITS:
+            raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 10gbit, 100mbit or 'none'")
+        bits = float(m.group(1)) * _RATE_UNITS[m.group(2)]
+    if bits <= 0:
         return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
-    if not m or m.group(2) not in _RATE_UNITS:
-        raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 10gbit, 100mbit or 'none'")
-    bits = int(float(m.group(1)) * _RATE_UNITS[m.group(2)])
-    return bits if bits > 0 else None
+    if bits < 1:  # tc cannot shape below 1 bit/s; silently unshaped would mislead
+        raise ValueError(f"bad rate {rate!r}: below 1 bit/s (use e.g. 100mbit, or 'none' "
+                         "for unshaped links)")
+    return int(bits)
 
 
 def format_rate(bits_per_s: int | None) -> str:
@@ -142,8 +151,10 @@ def resolve_tool(name: str, explicit: str | None, env_var: str) -> str | None:
     return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + extra)
 
 
-def check_available(ip_bin: str | None, tc_bin: str | None, need_tc: bool = True) -> None:
-    """Raise ClusterUnavailable (one line) unless namespaces can be made here."""
+def check_available(ip_bin: str | None, tc_bin: str | None, need_tc: bool = True, *,
+                    ip_asked: str | None = None, tc_asked: str | None = None) -> None:
+    """Raise ClusterUnavailable (one line) unless namespaces can be made here.
+    ``ip_asked``/``tc_asked``: the paths the user gave (--ip/--tc), named if not found."""
     if not sys.platform.startswith("linux"):
         raise ClusterUnavailable(
             f"emulated cluster needs Linux network namespaces (this is {sys.platform}); "
@@ -151,13 +162,9 @@ def check_available(ip_bin: str | None, tc_bin: str | None, need_tc: bool = True
     if os.geteuid() != 0:
         raise ClusterUnavailable("emulated cluster needs root (netns/veth/tc); run as root")
     if ip_bin is None:
-        raise ClusterUnavailable(
-            f"iproute2 'ip' not found; install iproute2 or set {ENV_IP} "
-            "(see scripts/iproute2_env.sh)")
+        raise _tool_missing("ip", ip_asked, ENV_IP)
     if need_tc and tc_bin is None:
-        raise ClusterUnavailable(
-            f"iproute2 'tc' not found; install iproute2 or set {ENV_TC} "
-            "(see scripts/iproute2_env.sh)")
+        raise _tool_missing("tc", tc_asked, ENV_TC)
     for tool in [ip_bin] + ([tc_bin] if need_tc and tc_bin else []):
         try:
             res = subprocess.run([tool, "-V"], capture_output=True, text=True,
@@ -166,6 +173,17 @@ def check_available(ip_bin: str | None, tc_bin: str | None, need_tc: bool = True
             raise ClusterUnavailable(f"cannot run {tool}: {exc}") from None
         if res.returncode != 0:
             raise ClusterUnavailable(f"{tool} -V failed: {_first_line(res.stderr)}")
+
+
+def _tool_missing(name: str, asked: str | None, env_var: str) -> ClusterUnavailable:
+    """Why an iproute2 tool was not found, naming the path the user gave, if any."""
+    given = asked or os.environ.get(env_var)
+    if given:
+        source = f"--{name}" if asked else f"${env_var}"
+        return ClusterUnavailable(f"iproute2 '{name}' not found at {given} (from {source}): "
+                                  "no such executable")
+    return ClusterUnavailable(f"iproute2 '{name}' not found; install iproute2 or set {env_var} "
+                              "(see scripts/iproute2_env.sh)")
 
 
 def _first_line(text: str) -> str:
@@ -255,12 +273,21 @@ def _owner_file(prefix: str) -> str:
     return os.path.join(OWNER_DIR, f"mccl-cluster-{prefix}.pid")
 
 
+def _owner_record(prefix: str) -> str | None:
+    """What the owner file of this prefix says (a pid or PERSISTENT_OWNER); None if none."""
+    try:
+        with open(_owner_file(prefix)) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return words[0] if words else None
+
+
 def owner_pid(prefix: str) -> int | None:
     """PID of the live process that brought this prefix up, if any (not ourselves)."""
     try:
-        with open(_owner_file(prefix)) as f:
-            pid = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
+        pid = int(_owner_record(prefix) or "")
+    except ValueError:
         return None
     if pid == os.getpid():
         return None
@@ -273,7 +300,19 @@ def owner_pid(prefix: str) -> int | None:
     return pid
 
 
-def _set_owner(prefix: str, pid: int | None) -> None:
+def is_run_leftover(prefix: str) -> bool:
+    """Were this prefix's namespaces made by a run that is gone, or by this process (a pid is
+    recorded, and it is ours or no longer exists)? False for a cluster made to stay, which
+    records no pid."""
+    try:
+        int(_owner_record(prefix) or "")
+    except ValueError:
+        return False
+    return owner_pid(prefix) is None
+
+
+def _set_owner(prefix: str, pid: int | str | None) -> None:
+    """Record who owns the prefix: a pid, PERSISTENT_OWNER, or nobody (None)."""
     path = _owner_file(prefix)
     try:
         if pid is None:
@@ -314,8 +353,10 @@ class Cluster:
         self.mtu = mtu
         self.ip = resolve_tool("ip", ip_bin, ENV_IP)
         self.tc = resolve_tool("tc", tc_bin, ENV_TC)
+        self._tools_asked = {"ip_asked": ip_bin, "tc_asked": tc_bin}
         self.iface = HOST_IFACE
         self.is_up = False
+        self._made = False  # up() got past its ownership checks: down() may remove the prefix
         self.bringup_s: float | None = None
         self._procs: list[subprocess.Popen[Any]] = []
 
@@ -372,22 +413,33 @@ class Cluster:
     # -- lifecycle ----------------------------------------------------------------------
     def check(self) -> None:
         """Raise ClusterUnavailable with a one-line reason if up() cannot work here."""
-        check_available(self.ip, self.tc, need_tc=self.rate_bps is not None)
+        check_available(self.ip, self.tc, need_tc=self.rate_bps is not None,
+                        **self._tools_asked)
 
     def up(self, persist: bool = False) -> Cluster:
         """Create namespaces, veths, bridge, addresses and shaping; replaces leftovers of a
-        crashed run with this prefix, refuses while another live process owns it.
+        crashed run with this prefix, refuses while another live process owns it, and (unless
+        persist) refuses to replace a cluster made to stay.
 
-        persist=True (CLI `up`): no owner is recorded, the cluster outlives this process.
+        persist=True (CLI `up`): recorded as PERSISTENT_OWNER, the cluster outlives this
+        process and later runs leave it alone; `up` again replaces it.
         """
         self.check()
         assert self.ip is not None
         t0 = time.perf_counter()
+        existing = list_namespaces(self.ip, self.prefix)
         other = owner_pid(self.prefix)
-        if other is not None and list_namespaces(self.ip, self.prefix):
+        if other is not None and existing:
             raise ClusterError(f"prefix {self.prefix!r} is in use by running pid {other}; "
                                "use another prefix or stop that run")
-        _set_owner(self.prefix, None if persist else os.getpid())
+        if existing and not persist and not is_run_leftover(self.prefix):
+            raise ClusterError(
+                f"prefix {self.prefix!r} already has a cluster that no run owns "
+                f"({' '.join(existing)}; `python -m mccl.cluster up` makes one); take it down "
+                f"with `python -m mccl.cluster --prefix {self.prefix} down` or use another "
+                "prefix")
+        self._made = True
+        _set_owner(self.prefix, PERSISTENT_OWNER if persist else os.getpid())
         gone = remove_namespaces(self.ip, self.prefix)
         if gone:
             log.info("removed %d leftover namespace(s) of prefix %r", len(gone), self.prefix)
@@ -429,14 +481,17 @@ class Cluster:
         _run_batches(jobs, "configuring links")
 
     def down(self) -> None:
-        """Kill our processes in the namespaces and delete all namespaces of the prefix."""
+        """Kill our processes in the namespaces and delete all namespaces of the prefix, if
+        up() made them (a refused up() leaves another run's or a user's cluster alone)."""
         for proc in self._procs:
             kill_tree(proc)
         self._procs.clear()
-        if self.ip is not None and sys.platform.startswith("linux") and os.geteuid() == 0:
+        if (self._made and self.ip is not None and sys.platform.startswith("linux")
+                and os.geteuid() == 0):
             if owner_pid(self.prefix) is None:  # never tear down another live run's cluster
                 remove_namespaces(self.ip, self.prefix)
                 _set_owner(self.prefix, None)
+            self._made = False
         self.is_up = False
 
     def __enter__(self) -> Cluster:
@@ -538,7 +593,7 @@ def status(prefix: str = DEFAULT_PREFIX, ip_bin: str | None = None,
     """What exists now for this prefix: per-namespace address and root qdisc."""
     ip = resolve_tool("ip", ip_bin, ENV_IP)
     tc = resolve_tool("tc", tc_bin, ENV_TC)
-    check_available(ip, tc, need_tc=False)
+    check_available(ip, tc, need_tc=False, ip_asked=ip_bin, tc_asked=tc_bin)
     assert ip is not None
     out: dict[str, Any] = {}
     for ns in list_namespaces(ip, prefix):
@@ -598,14 +653,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                          mtu=args.mtu, ip_bin=args.ip, tc_bin=args.tc, burst=args.burst)
             cl.up(persist=True)
             d = cl.describe()
-            print(f"up: {cl.n_hosts} hosts behind {cl.switch}, rate {d['rate']}, "
+            print(f"up: {plural(cl.n_hosts, 'host')} behind {cl.switch}, rate {d['rate']}, "
                   f"{d['bringup_s']:.3f}s")
             for name, addr in zip(cl.hosts, d["addrs"], strict=True):
                 print(f"  {name}  {addr}/{PREFIX_LEN}  dev {HOST_IFACE}")
             return 0
         ip = resolve_tool("ip", args.ip, ENV_IP)
         if args.cmd == "down":
-            check_available(ip, None, need_tc=False)
+            check_available(ip, None, need_tc=False, ip_asked=args.ip)
             assert ip is not None
             other = owner_pid(args.prefix)
             if other is not None:
@@ -624,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{ns:12s} {' '.join(info['addrs']) or '-':18s} {info['tbf'] or '-'}")
             return 0
         # exec
-        check_available(ip, None, need_tc=False)
+        check_available(ip, None, need_tc=False, ip_asked=args.ip)
         assert ip is not None
         cmd = list(args.argv)
         if cmd[:1] == ["--"]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -41,24 +42,46 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
-def size_range(lo: int, hi: int, factor: float = 2.0) -> list[int]:
-    """Geometric sizes lo, lo*factor, ... <= hi (nccl-tests -b/-e/-f)."""
+def size_range(lo: int, hi: int, factor: float = 2.0, max_sizes: int | None = None
+               ) -> list[int]:
+    """Geometric sizes lo, lo*factor, ... <= hi (nccl-tests -b/-e/-f), each once.
+
+    ``max_sizes``: refuse (ValueError) a range with more steps than this, counted before
+    any is made, so a factor barely above 1 fails at once instead of listing millions."""
     if lo <= 0 or hi < lo or factor <= 1.0:
         raise ValueError("need 0 < min <= max and factor > 1")
+    steps = math.floor(math.log(hi / lo) / math.log(factor) + 1e-9) + 1
+    if max_sizes is not None and steps > max_sizes:
+        raise ValueError(f"{format_size(lo)}..{format_size(hi)} by a factor of {factor:g} is "
+                         f"{steps:,} sizes, over the limit of {max_sizes}; use a larger factor")
     out, s = [], float(lo)
-    while s <= hi * (1 + 1e-9):
+    for _ in range(steps + 1):  # + 1: float rounding may leave one more at exactly hi
+        if s > hi * (1 + 1e-9):
+            break
         out.append(int(round(s)))
         s *= factor
-    return out
+    return list(dict.fromkeys(out))  # small sizes by a small factor round to the same bytes
 
 
 def format_size(n: float) -> str:
-    """Bytes -> short binary form ('64M', '1.5K', '8B')."""
+    """Bytes -> short binary form ('64M', '1.5K', '8B'); a size just under a power of two
+    keeps enough digits not to read as one (65520 -> '63.98K', not '64.0K')."""
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale:
             v = n / scale
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+            if v == int(v):
+                return f"{v:.0f}{unit}"
+            for digits in (1, 2, 3):
+                text = f"{v:.{digits}f}"
+                if float(text) != round(v):  # does not read as a whole number
+                    return f"{text}{unit}"
+            break
     return f"{int(n)}B"
+
+
+def plural(count: int, word: str) -> str:
+    """'1 host', '2 hosts'."""
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def machine_info() -> dict[str, Any]:
@@ -169,18 +192,49 @@ def stalled(row: dict[str, Any]) -> bool:
     return bool(lo and hi and hi > STALL_SPREAD * lo)
 
 
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_suffix(path.suffix + ".tmp")
+
+
+def prepare_output(path: str | Path, flag: str) -> None:
+    """Make sure a result file can be written at ``path`` before the run that fills it: the
+    parent folders are made, and a probe file beside it is written and removed. Raises
+    ValueError with one line naming ``flag`` (results measured for minutes and then lost to
+    a typo in the path were the alternative)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file name")
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"{flag} {path}: {folder} is a file, not a folder")
+            break
+    probe = _tmp_sibling(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def write_json(path: str | Path, doc: dict[str, Any]) -> None:
-    """Write the result document (atomic rename so a crash never leaves half a file)."""
+    """Write the result document (atomic rename so a crash never leaves half a file; the
+    temporary file is removed if the write fails)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    tmp = _tmp_sibling(path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_file():
+            tmp.unlink()
 
 
 def load_json(path: str | Path) -> dict[str, Any]:
     doc = json.loads(Path(path).read_text())
-    if doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a {SCHEMA} document")
     return doc
 
@@ -191,7 +245,7 @@ def new_document(argv: Sequence[str], config: dict[str, Any]) -> dict[str, Any]:
     return {"schema": SCHEMA, "command": " ".join(cmd), "argv": list(argv),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
             "config": config, "network": None, "ceiling": None, "rows": [], "errors": [],
-            "jobs": []}
+            "notes": [], "jobs": []}
 
 
 def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
