@@ -7,19 +7,30 @@ subprocess has a timeout. Cluster tests skip without root and iproute2.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from mccl.bench import cli
 from mccl.bench import cluster as cl
+from mccl.bench.report import (
+    prepare_output,
+    size_range,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "mcclcli"  # neither a user's "mccl" cluster nor the other tests' prefix
 RUN_TIMEOUT_S = 120
-#: Exits before any rank starts.
+#: Exits before any rank starts: the bench's plan is checked first.
 QUICK = ["--ceiling-seconds", "0", "--world-sizes", "2", "--sizes", "8", "--backends", "gloo",
          "--iters", "1", "--warmup", "0", "--time-budget", "0", "--min-sample", "0"]
 
@@ -33,6 +44,12 @@ def _one_line_error(res: subprocess.CompletedProcess, status: int, text: str) ->
     assert res.returncode == status, res.stderr[-2000:]
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
     assert text in res.stderr, res.stderr[-2000:]
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    from mccl.bench.__main__ import build_parser
+
+    return build_parser().parse_args(list(argv))
 
 
 def _cluster_or_skip(hosts: int = 2) -> cl.Cluster:
@@ -92,3 +109,186 @@ def test_runs_refuse_to_replace_a_cluster_made_with_up() -> None:
         assert cl.list_namespaces(made.ip, PREFIX) == names
     finally:
         _remove_test_cluster(made.ip)
+
+
+# -- 3: output paths are checked before the run ----------------------------------------
+def test_output_paths_are_checked_up_front(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="is a directory"):
+        prepare_output(tmp_path, "--json")
+    with pytest.raises(ValueError, match="afile is a file, not a folder"):
+        prepare_output(afile / "r.json", "--json")
+    if sys.platform.startswith("linux"):
+        with pytest.raises(ValueError, match="cannot write there"):
+            prepare_output("/proc/mccl-test/r.json", "--png")
+    prepare_output(tmp_path / "new" / "r.json", "--json")  # makes the folder, leaves no file
+    assert list((tmp_path / "new").iterdir()) == []
+
+    def fail(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        write_json(tmp_path / "r.json", {"rows": []})
+    assert not (tmp_path / "r.json.tmp").exists()
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_bench_refuses_an_unwritable_json_before_running(tmp_path: Path) -> None:
+    """Before: the runs went ahead, then a traceback, results lost, 'X.tmp' left behind."""
+    (tmp_path / "isdir").mkdir()
+    res = _run("mccl.bench", *QUICK, "--json", str(tmp_path / "isdir"))
+    _one_line_error(res, 2, "is a directory")
+    assert "started" not in res.stderr and not (tmp_path / "isdir.tmp").exists()
+
+
+# -- 4, 6: numbers and lists -------------------------------------------------------------
+@pytest.mark.parametrize("argv", [("--iters", "0"), ("--iters", "-1"), ("--timeout", "-200"),
+                                  ("--timeout", "0"), ("--warmup", "-1"), ("--factor", "1"),
+                                  ("--time-budget", "-1"), ("--hosts", "-2"),
+                                  ("--iters", "many")])
+def test_bad_numbers_are_usage_errors(argv: tuple[str, str],
+                                      capsys: pytest.CaptureFixture) -> None:
+    """Before: --iters 0, --timeout -200 ... were accepted and failed inside the ranks."""
+    with pytest.raises(SystemExit) as exc:
+        _parse(*argv)
+    assert exc.value.code == 2
+    assert f"argument {argv[0]}" in capsys.readouterr().err
+
+
+def test_lists_are_checked_and_deduplicated() -> None:
+    """Before: --ops '' ran nothing and exited 0, --sizes ''/--backends '' fell back to the
+    defaults, duplicates ran twice, and a factor near 1 listed 200k sizes."""
+    from mccl.bench.__main__ import MAX_SIZES, _plan
+
+    for flag in ("--ops", "--sizes", "--backends", "--world-sizes"):
+        with pytest.raises(cli.CliError, match=f"{flag} is empty"):
+            _plan(_parse(flag, ""))
+    with pytest.raises(cli.CliError, match="--world-sizes: 'x' is not an integer"):
+        _plan(_parse("--world-sizes", "x"))
+    with pytest.raises(ValueError, match=f"over the limit of {MAX_SIZES}"):
+        _plan(_parse("--min", "1", "--max", "1G", "--factor", "1.0001"))
+    ops, sizes, worlds, backends = _plan(_parse("--world-sizes", "2,3,2", "--backends",
+                                                "gloo,gloo", "--sizes", "8,1K,8"))
+    assert (sizes, worlds, backends) == ([8, 1024], [2, 3], ["gloo"])
+    assert size_range(1, 20, 1.1) == sorted(set(size_range(1, 20, 1.1)))
+
+
+# -- 5: devices ----------------------------------------------------------------------------
+def test_unavailable_devices_are_refused_up_front() -> None:
+    import torch
+
+    cli.check_device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(cli.CliError, match="--device cuda"):
+            cli.check_device("cuda")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(cli.CliError, match="MPS is not available"):
+            cli.check_device("mps")
+    with pytest.raises(cli.CliError, match="unknown device"):
+        cli.check_device("gpu0")
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_bench_refuses_cuda_without_cuda() -> None:
+    """Before: ranks were launched and crashed on the device."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    res = _run("mccl.bench", *QUICK, "--device", "cuda")
+    _one_line_error(res, 2, "--device cuda")
+    assert "started" not in res.stderr
+
+
+# -- 7, 8: sizes measured once per buffer; sizes an error skipped -------------------------
+def test_sizes_that_are_one_buffer_are_measured_once() -> None:
+    """Before: 1B, 7B and 8B were three 12-byte all_gathers at 3 ranks; the table kept one."""
+    from mccl.bench.runner import BenchConfig, distinct_sizes
+
+    cfg = BenchConfig(ops=["all_gather", "broadcast"], sizes=[1, 7, 8, 3584])
+    by_op, notes = distinct_sizes(cfg, 3)
+    assert by_op == {"all_gather": [1, 3584], "broadcast": [1, 8, 3584]}
+    assert notes == ["all_gather n=3 float32: sizes that are one buffer are measured once "
+                     "(1B, 7B, 8B -> 12B)",
+                     "broadcast n=3 float32: sizes that are one buffer are measured once "
+                     "(1B, 7B -> 4B)"]
+
+
+@pytest.mark.timeout(150)
+def test_an_error_records_the_sizes_it_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: after an error at 8B the op's other sizes vanished without a note."""
+    from mccl.bench.runner import BenchConfig, run_job
+    from mccl.bench.worker import FAULT_ENV
+
+    cfg = BenchConfig(ops=["all_gather", "all_reduce"], sizes=[8, 1024], iters=1, warmup=0,
+                      time_budget=0, min_sample_s=0, stall_timeout=5.0)
+    monkeypatch.setenv(FAULT_ENV, "crash:all_gather")
+    job = run_job("gloo", 2, cfg)
+    assert [(r["op"], r["size"]) for r in job.rows] == [("all_reduce", 8), ("all_reduce", 1024)]
+    assert [(e["op"], e["size"], e.get("skipped", False)) for e in job.errors] == [
+        ("all_gather", 8, False), ("all_gather", 1024, True)]
+    assert job.errors[1]["error"] == "skipped after the error at 8B"
+
+
+# -- 9: an interrupted bench keeps what it measured ----------------------------------------
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_interrupted_bench_reports_the_rows_it_measured(tmp_path: Path) -> None:
+    """Before: Ctrl-C lost the rows of the job it interrupted (JSON: 0 rows, no table) and
+    said 'cluster removed' on loopback."""
+    from mccl.bench.worker import FAULT_ENV
+
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "mccl.bench", *QUICK, "--ops", "all_reduce,all_gather",
+            "--json", str(out)]
+    env = dict(os.environ, **{FAULT_ENV: "hang:all_gather"})  # stops after all_reduce's row
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    lines: list[str] = []
+    pump = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    pump.start()
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not any("all_reduce" in ln and "busbw" in ln for ln in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        table = proc.stdout.read()
+        assert proc.wait(timeout=60) == 130
+        pump.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    err = "".join(lines)
+    assert "interrupted; ranks killed" in err and "cluster" not in err, err
+    assert "# all_reduce" in table
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True
+    assert [(r["op"], r["size"]) for r in doc["rows"]] == [("all_reduce", 8)]
+
+
+def test_interrupt_before_the_run_exits_130_quietly(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    from mccl.bench import __main__ as bench
+
+    def interrupted(args: argparse.Namespace) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "_plan", interrupted)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # keep pytest's SIGTERM handling
+    assert bench.main(["--sizes", "8"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+# -- 10: cluster bring-up errors ------------------------------------------------------
+def test_start_cluster_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(cli.CliError, match="bad cluster setting") as exc:
+        cli.start_cluster(2, "garbage", PREFIX)
+    assert exc.value.status == 2
+    monkeypatch.setattr(cl.os, "geteuid", lambda: 1000)
+    with pytest.raises(cli.CliError, match="cluster unavailable") as exc:
+        cli.start_cluster(2, "1gbit", PREFIX)
+    assert exc.value.status == 3

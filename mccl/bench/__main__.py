@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from mccl.bench.cli import (
+    INTERRUPTED,
+    CliError,
+    at_least,
+    check_backends,
+    check_device,
+    csv_items,
+    int_items,
+    interrupt_on_sigterm,
+    report,
+    start_cluster,
+)
 from mccl.bench.ops import OPS, canonical_op
 from mccl.bench.report import (
     annotate,
@@ -24,6 +35,8 @@ from mccl.bench.report import (
     format_table,
     new_document,
     parse_size,
+    plural,
+    prepare_output,
     size_range,
     write_json,
     write_png,
@@ -35,10 +48,7 @@ DEFAULT_WORLD_SIZES = "4"
 DEFAULT_BACKENDS = ("mccl", "gloo")
 DEFAULT_CEILING_S = 3.0
 MAX_SIZE = 1 << 30
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+MAX_SIZES = 200  # sizes per op: each takes seconds; a factor barely above 1 makes millions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,21 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, help="comma list, e.g. 8,1K,1M,16M (overrides min/max)")
     p.add_argument("--min", default=DEFAULT_MIN, help=f"smallest size (default {DEFAULT_MIN})")
     p.add_argument("--max", default=DEFAULT_MAX, help=f"largest size (default {DEFAULT_MAX})")
-    p.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="size step multiplier")
+    p.add_argument("--factor", type=at_least(1.0, float, strict=True), default=DEFAULT_FACTOR,
+                   help="size step multiplier (> 1)")
     p.add_argument("--world-sizes", default=DEFAULT_WORLD_SIZES, help="comma list, e.g. 2,4,8")
     p.add_argument("--backends", default=None,
                    help="comma list (default: mccl,gloo, whichever are available)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="tensor device in the ranks (cpu, cuda, mps)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (max)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--time-budget", type=float, default=2.0,
+    p.add_argument("--iters", type=at_least(1), default=20,
+                   help="timed iterations per size (max)")
+    p.add_argument("--warmup", type=at_least(0), default=3)
+    p.add_argument("--time-budget", type=at_least(0.0, float), default=2.0,
                    help="seconds of timed iterations per size; fewer iters if slow (0 = off)")
     p.add_argument("--check", action="store_true", help="verify each op's result once per size")
     p.add_argument("--per-op-barrier", action="store_true",
                    help="time every op alone after a barrier (default: back-to-back runs of "
                         "short ops, as nccl-tests does, so barrier exit skew is not counted)")
-    p.add_argument("--min-sample", type=float, default=0.05, metavar="SECONDS",
+    p.add_argument("--min-sample", type=at_least(0.0, float), default=0.05, metavar="SECONDS",
                    help="back-to-back ops per timed sample until it lasts this long (default "
                         "0.05; longer samples count each op's start and the barrier's exit "
                         "skew less, as nccl-tests' runs of 20 ops do)")
@@ -75,15 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "ops one after the other)")
     p.add_argument("--cluster", action="store_true",
                    help="run ranks in emulated hosts (Linux netns, root)")
-    p.add_argument("--hosts", type=int, default=0, help="cluster hosts (default: max world size)")
+    p.add_argument("--hosts", type=at_least(0), default=0,
+                   help="cluster hosts (default: max world size)")
     p.add_argument("--rate", default="1gbit", help="cluster link rate (e.g. 10gbit, none)")
     p.add_argument("--prefix", default="mccl", help="cluster namespace prefix")
     p.add_argument("--burst", type=parse_size, default=None, metavar="BYTES",
                    help="cluster tbf bucket, e.g. 128K (default: 1 ms at the rate, >= 128K; "
                         "a smaller bucket lets an idle link catch up less, as a switch port)")
-    p.add_argument("--ceiling-seconds", type=float, default=DEFAULT_CEILING_S,
+    p.add_argument("--ceiling-seconds", type=at_least(0.0, float), default=DEFAULT_CEILING_S,
                    help="duration of the TCP ceiling measurement (0 = skip)")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=60.0,
                    help="stall allowance per size in seconds (on top of the expected time)")
     p.add_argument("--json", default=None, metavar="PATH", help="write results JSON here")
     p.add_argument("--png", default=None, metavar="PATH", help="write busbw plot here")
@@ -93,19 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:
-    if args.sizes:
-        sizes = [parse_size(s) for s in _csv(args.sizes)]
+    if args.sizes is not None:
+        sizes = list(dict.fromkeys(parse_size(s) for s in csv_items(args.sizes, "--sizes")))
     else:
-        sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor)
-    if not sizes or min(sizes) <= 0 or max(sizes) > MAX_SIZE:
+        sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor, MAX_SIZES)
+    if min(sizes) <= 0 or max(sizes) > MAX_SIZE:
         raise ValueError(f"sizes must be in 1..{format_size(MAX_SIZE)}")
+    if len(sizes) > MAX_SIZES:
+        raise ValueError(f"{len(sizes)} sizes, over the limit of {MAX_SIZES}")
     return sizes
 
 
 def _ops(text: str) -> list[str]:
     if text.strip().lower() == "all":
         return list(OPS)
-    return list(dict.fromkeys(canonical_op(o) for o in _csv(text)))
+    return list(dict.fromkeys(canonical_op(o) for o in csv_items(text, "--ops")))
 
 
 class _Progress:
@@ -115,6 +130,7 @@ class _Progress:
         self.t0 = time.monotonic()
         self.ceiling = ceiling_bps
         self.quiet = quiet
+        self.notes: list[str] = []  # each said once, though every backend's job finds it
 
     def __call__(self, ev: dict[str, Any]) -> None:
         kind = ev["event"]
@@ -135,92 +151,87 @@ class _Progress:
                 print(f"    rank logs: {ev['logs'][-600:]}", file=sys.stderr, flush=True)
         elif kind == "init" and not self.quiet:
             print(f"{tag} started", file=sys.stderr, flush=True)
+        elif kind == "note" and ev["note"] not in self.notes:
+            self.notes.append(ev["note"])
+            print(f"note: {ev['note']}", file=sys.stderr, flush=True)
 
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry; exit 0 = all measured, 1 = some op failed, 2 = usage, 3 = no cluster."""
+    """CLI entry; exit 0 = all measured, 1 = some op failed, 2 = usage, 3 = no cluster,
+    130 = interrupted (Ctrl-C or SIGTERM; what was measured is still reported)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
     try:
-        ops, sizes = _ops(args.ops), _sizes(args)
-        worlds = [int(w) for w in _csv(args.world_sizes)]
-        if not worlds or min(worlds) < 2:
-            raise ValueError("world sizes must be >= 2")
-        if args.queue < 1:
-            raise ValueError(f"--queue must be at least 1, got {args.queue}")
-        import torch
-
-        if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
-            raise ValueError(f"unknown dtype {args.dtype!r} (e.g. float32, bfloat16, int32)")
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    from mccl.bench.runner import BenchConfig, available_backends
-
-    avail = available_backends()
-    if args.backends:
-        backends = _csv(args.backends)
-        missing = [b for b in backends if b not in avail]
-        if missing:
-            print(f"error: backend(s) {', '.join(missing)} not available here "
-                  f"(available: {', '.join(avail) or 'none'})", file=sys.stderr)
+        interrupt_on_sigterm()
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        try:
+            ops, sizes, worlds, backends = _plan(args)
+        except CliError as exc:
+            return report(exc)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
-    else:
-        backends = [b for b in DEFAULT_BACKENDS if b in avail]
-        if "mccl" not in backends:
-            print("warning: mccl backend not registered (import mccl failed or not built yet); "
-                  "running gloo only", file=sys.stderr)
+    except KeyboardInterrupt:  # before anything started: nothing to clean up or report
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+    from mccl.bench.runner import BenchConfig
+
     cfg = BenchConfig(ops=ops, sizes=sizes, dtype=args.dtype, iters=args.iters,
                       warmup=args.warmup, time_budget=args.time_budget, check=args.check,
                       per_op_barrier=args.per_op_barrier, min_sample_s=args.min_sample,
                       queue=args.queue, device=args.device,
                       stall_timeout=args.timeout)
     doc = new_document(argv, {**asdict(cfg), "backends": backends, "world_sizes": worlds})
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        return _run(args, cfg, backends, worlds, doc)
-    except KeyboardInterrupt:
-        print("interrupted; ranks killed, cluster removed", file=sys.stderr)
-        if args.json:
-            doc["interrupted"] = True
-            write_json(args.json, doc)
-        return 130
+    return _run(args, cfg, backends, worlds, doc)
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], list[str]]:
+    """Every check that can fail before a rank starts: (ops, sizes, world sizes, backends).
+    Raises CliError or ValueError with one line."""
+    ops, sizes = _ops(args.ops), _sizes(args)
+    worlds = int_items(args.world_sizes, "--world-sizes", minimum=2)
+    if args.queue < 1:
+        raise ValueError(f"--queue must be at least 1, got {args.queue}")
+    for flag, path in (("--json", args.json), ("--png", args.png)):
+        if path is not None:
+            prepare_output(path, flag)
+    import torch
+
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        raise ValueError(f"unknown dtype {args.dtype!r} (e.g. float32, bfloat16, int32)")
+    check_device(args.device)
+    if args.backends is not None:
+        backends = csv_items(args.backends, "--backends")
+        check_backends(backends, "--backends")
+    else:
+        from mccl.bench.runner import available_backends
+
+        avail = available_backends()
+        backends = [b for b in DEFAULT_BACKENDS if b in avail]
+        if "mccl" not in backends:
+            print("warning: mccl backend not registered (import mccl failed or not built yet); "
+                  "running gloo only", file=sys.stderr)
+    return ops, sizes, worlds, backends
 
 
 def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[int],
          doc: dict[str, Any]) -> int:
+    """Measure every (world size, backend) job, then report; an interrupt stops the
+    measuring but still reports (and writes) what was measured."""
     from mccl.bench.ceiling import measure_ceiling
-    from mccl.bench.cluster import Cluster, ClusterError, ClusterUnavailable
-    from mccl.bench.runner import run_job
+    from mccl.bench.runner import JobResult, run_job
 
     t0 = time.monotonic()
     cluster = None
-    if args.cluster:
-        try:
-            cluster = Cluster(args.hosts or max(worlds), args.rate, prefix=args.prefix,
-                              burst=args.burst)
-        except ValueError as exc:
-            print(f"bad cluster setting: {exc}", file=sys.stderr)
-            return 2
-        try:
-            cluster.up()
-        except ClusterUnavailable as exc:
-            print(f"cluster unavailable: {exc}", file=sys.stderr)
-            return 3
-        except ClusterError as exc:
-            print(f"cluster bring-up failed: {exc}", file=sys.stderr)
-            return 3
+    ceiling = None
     try:
+        if args.cluster:
+            cluster = start_cluster(args.hosts or max(worlds), args.rate, args.prefix,
+                                    args.burst)
         doc["network"] = ({"mode": "cluster", **cluster.describe()} if cluster
                           else {"mode": "loopback"})
-        ceiling = None
         if args.ceiling_seconds > 0:
             doc["ceiling"] = measure_ceiling(cluster, args.ceiling_seconds)
             ceiling = doc["ceiling"]["bytes_per_s"]
@@ -233,34 +244,75 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
                 if not args.quiet:
                     where = f"cluster ({args.rate})" if cluster else "loopback"
                     print(f"running {backend} world_size={world} on {where}", file=sys.stderr)
-                job = run_job(backend, world, cfg, cluster, ceiling, progress)
-                annotate(job.rows, ceiling)
-                doc["rows"] += job.rows
-                doc["errors"] += job.errors
-                doc["jobs"].append({"backend": backend, "world_size": world,
-                                    "wall_s": job.wall_s, "rows": len(job.rows),
-                                    "errors": len(job.errors)})
+                job = JobResult(backend, world)
+                try:
+                    run_job(backend, world, cfg, cluster, ceiling, progress, result=job)
+                finally:  # an interrupted job's rows so far count too
+                    _add_job(doc, job, ceiling)
                 if args.json:  # keep partial results if a later job dies
                     write_json(args.json, doc)
+    except CliError as exc:  # the cluster did not come up: nothing was measured
+        return report(exc)
+    except KeyboardInterrupt:
+        doc["interrupted"] = True
     finally:
         if cluster is not None:
             cluster.down()
+    if doc.get("interrupted"):
+        print("interrupted; ranks killed" + (", cluster removed" if cluster else "")
+              + (f"; reporting the {len(doc['rows'])} row(s) measured" if doc["rows"] else ""),
+              file=sys.stderr)
     doc["duration_s"] = time.monotonic() - t0
-    print(format_table(doc["rows"], ceiling, backends))
+    status = _report(args, doc, ceiling, backends, cluster)
+    return INTERRUPTED if doc.get("interrupted") else status
+
+
+def _add_job(doc: dict[str, Any], job: Any, ceiling: float | None) -> None:
+    annotate(job.rows, ceiling)
+    doc["rows"] += job.rows
+    doc["errors"] += job.errors
+    doc["notes"] += [n for n in job.notes if n not in doc["notes"]]
+    doc["jobs"].append({"backend": job.backend, "world_size": job.world_size,
+                        "wall_s": job.wall_s, "rows": len(job.rows),
+                        "errors": len(job.errors)})
+
+
+def _report(args: argparse.Namespace, doc: dict[str, Any], ceiling: float | None,
+            backends: list[str], cluster: Any) -> int:
+    """Table on stdout, errors on stderr, JSON and PNG; 1 if anything failed."""
+    if doc["rows"]:
+        print(format_table(doc["rows"], ceiling, backends))
+    failed = [e for e in doc["errors"] if not e.get("skipped")]
     if doc["errors"]:
-        print(f"\n{len(doc['errors'])} error(s):", file=sys.stderr)
-        for e in doc["errors"]:
+        n_skipped = len(doc["errors"]) - len(failed)
+        print(f"\n{len(failed)} error(s)"
+              + (f", {plural(n_skipped, 'size')} skipped after them" if n_skipped else "") + ":",
+              file=sys.stderr)
+        for e in failed:
             print(f"  {e['backend']} n={e['world_size']} {e['op']} "
                   f"{format_size(e['size']) if e.get('size') else ''}: {e['error']}",
                   file=sys.stderr)
-    if args.json:
-        write_json(args.json, doc)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.png:
-        net = (f"cluster {args.rate} x{cluster.n_hosts}" if cluster else "loopback")
-        if write_png(args.png, doc["rows"], ceiling, f"mccl.bench on {net}"):
-            print(f"wrote {args.png}", file=sys.stderr)
-    return 1 if doc["errors"] else 0
+        skipped: dict[tuple[str, int, str, str], list[int]] = {}
+        for e in doc["errors"]:
+            if e.get("skipped"):
+                key = (e["backend"], e["world_size"], e["op"], e["error"])
+                skipped.setdefault(key, []).append(e["size"])
+        for (backend, world, op, why), sizes in skipped.items():
+            print(f"  {backend} n={world} {op} {', '.join(format_size(s) for s in sizes)}: "
+                  f"{why}", file=sys.stderr)
+    status = 1 if doc["errors"] else 0
+    try:
+        if args.json:
+            write_json(args.json, doc)
+            print(f"wrote {args.json}", file=sys.stderr)
+        if args.png and doc["rows"]:
+            net = f"cluster {args.rate} x{cluster.n_hosts}" if cluster else "loopback"
+            if write_png(args.png, doc["rows"], ceiling, f"mccl.bench on {net}"):
+                print(f"wrote {args.png}", file=sys.stderr)
+    except OSError as exc:  # checked up front; this is the path changing under the run
+        print(f"error: cannot write results: {exc}", file=sys.stderr)
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class JobResult:
     world_size: int
     rows: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. sizes measured as one buffer
     wall_s: float = 0.0
 
 
@@ -119,11 +120,12 @@ class _Ranks:
     """A started set of rank processes with their log files."""
 
     def __init__(self, backend: str, world: int, cfg: BenchConfig, ops: Sequence[str],
-                 cluster: Cluster | None, logdir: Path) -> None:
+                 by_op: dict[str, list[int]], cluster: Cluster | None, logdir: Path) -> None:
         self.procs: list[subprocess.Popen[Any]] = []
         self.logs: list[Path] = []
         wcfg = cfg.for_worker(backend, world)
         wcfg["ops"] = list(ops)
+        wcfg["sizes_by_op"] = {op: by_op[op] for op in ops}
         if cluster is not None:
             master, port = cluster.addr(0), random.randint(*CLUSTER_PORT_RANGE)
         else:
@@ -175,28 +177,89 @@ class _Ranks:
         return " || ".join(parts)
 
 
+def distinct_sizes(cfg: BenchConfig, world: int) -> tuple[dict[str, list[int]], list[str]]:
+    """The requested sizes each op measures at this world size: one per distinct buffer, as
+    sizes round down to whole elements (chunked ops: to world-many), so 1B, 7B and 8B are
+    one 12-byte all_gather at 3 ranks; and a note for every op where sizes merged. Measuring
+    each would give rows of one size with different times, of which a table shows one."""
+    import torch
+
+    from mccl.bench.ops import element_count, element_size
+    from mccl.bench.report import format_size
+
+    elem = element_size(getattr(torch, cfg.dtype))
+    by_op: dict[str, list[int]] = {}
+    notes = []
+    for op in cfg.ops:
+        buffers: dict[int, list[int]] = {}
+        for size in cfg.sizes:
+            buffers.setdefault(element_count(op, size, world, elem) * elem, []).append(size)
+        by_op[op] = [same[0] for same in buffers.values()]
+        merged = [f"{', '.join(format_size(s) for s in same)} -> {format_size(nbytes)}"
+                  for nbytes, same in buffers.items() if len(same) > 1]
+        if merged:
+            notes.append(f"{op} n={world} {cfg.dtype}: sizes that are one buffer are measured "
+                         f"once ({'; '.join(merged)})")
+    return by_op, notes
+
+
 def run_job(backend: str, world: int, cfg: BenchConfig, cluster: Cluster | None = None,
             ceiling_bps: float | None = None,
-            on_event: Callable[[dict[str, Any]], None] | None = None) -> JobResult:
-    """Run every op x size of cfg for one backend at one world size, under deadlines."""
+            on_event: Callable[[dict[str, Any]], None] | None = None,
+            result: JobResult | None = None) -> JobResult:
+    """Run every op x size of cfg for one backend at one world size, under deadlines.
+
+    ``result``: filled in as rows arrive, so a caller interrupted half way keeps them. Sizes
+    an error left unmeasured are recorded as errors marked ``skipped``."""
     t0 = time.monotonic()
-    result = JobResult(backend, world)
+    result = result if result is not None else JobResult(backend, world)
+    by_op, result.notes = distinct_sizes(cfg, world)
+    if on_event:
+        for note in result.notes:
+            on_event({"event": "note", "note": note, "backend": backend, "world_size": world})
     remaining = list(cfg.ops)
-    with tempfile.TemporaryDirectory(prefix="mccl-bench-") as tmp:
-        for _ in range(len(cfg.ops)):  # at most one relaunch per failed op
-            remaining = _run_once(backend, world, cfg, remaining, cluster, ceiling_bps,
-                                  result, Path(tmp), on_event)
-            if not remaining:
-                break
-    result.wall_s = time.monotonic() - t0
+    try:
+        with tempfile.TemporaryDirectory(prefix="mccl-bench-") as tmp:
+            for _ in range(len(cfg.ops)):  # at most one relaunch per failed op
+                remaining = _run_once(backend, world, cfg, by_op, remaining, cluster,
+                                      ceiling_bps, result, Path(tmp), on_event)
+                if not remaining:
+                    break
+        _record_skipped(result, by_op)
+    finally:
+        result.wall_s = time.monotonic() - t0
     return result
 
 
-def _run_once(backend: str, world: int, cfg: BenchConfig, ops: list[str],
-              cluster: Cluster | None, ceiling_bps: float | None, result: JobResult,
-              logdir: Path, on_event: Callable[[dict[str, Any]], None] | None) -> list[str]:
-    """One launch of the ranks for `ops`; returns the ops still to run after a failure."""
-    ranks = _Ranks(backend, world, cfg, ops, cluster, logdir)
+def _record_skipped(result: JobResult, by_op: dict[str, list[int]]) -> None:
+    """An error ends an op (and a failed launch the ops after it): record each size it left
+    unmeasured, naming the error, instead of letting those sizes vanish from the report."""
+    from mccl.bench.report import format_size
+
+    failures = list(result.errors)
+    if not failures:
+        return
+    for op, sizes in by_op.items():
+        measured = {r.get("requested_size", r["size"]) for r in result.rows if r["op"] == op}
+        own = [e for e in failures if e["op"] == op]
+        cause = (own or failures)[0]
+        where = f" at {format_size(cause['size'])}" if cause.get("size") else ""
+        why = (f"skipped after the error{where}" if cause["op"] == op
+               else f"skipped after the error in {cause['op']}{where}")
+        failed = {e.get("size") for e in own}
+        for size in sizes:
+            if size not in measured and size not in failed:
+                result.errors.append({"backend": result.backend, "world_size": result.world_size,
+                                      "op": op, "size": size, "error": why, "skipped": True})
+
+
+def _run_once(backend: str, world: int, cfg: BenchConfig, by_op: dict[str, list[int]],
+              ops: list[str], cluster: Cluster | None, ceiling_bps: float | None,
+              result: JobResult, logdir: Path,
+              on_event: Callable[[dict[str, Any]], None] | None) -> list[str]:
+    """One launch of the ranks for `ops` (each at its sizes in `by_op`); returns the ops
+    still to run after a failure."""
+    ranks = _Ranks(backend, world, cfg, ops, by_op, cluster, logdir)
     current: tuple[str, int] | None = None
     last_op: str | None = None
     limit = STARTUP_TIMEOUT_S

@@ -154,7 +154,7 @@ def run(cfg: dict[str, Any]) -> int:
         emit("init", backend=backend, world_size=world, pid=os.getpid())
     status = 0
     for op in cfg["ops"]:
-        for size in cfg["sizes"]:
+        for size in cfg.get("sizes_by_op", {}).get(op, cfg["sizes"]):  # runner.distinct_sizes
             if rank == 0:
                 emit("start", op=op, size=size)
             _maybe_fault(op, rank, world)
