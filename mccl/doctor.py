@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from . import __version__, config
+from .bench.cli import CliError, at_least, check_device, report
+from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
 
@@ -92,16 +94,26 @@ def socket_limits() -> dict[str, Any]:
 
 
 def capabilities() -> dict[str, Any]:
-    cfg = config.load()
+    """What this machine offers mccl; ``env_error`` names a bad mccl environment variable
+    (every process group would refuse to start with it)."""
+    try:
+        cfg: config.Config | None = config.load()
+        env_error = None
+    except ValueError as exc:
+        cfg, env_error = None, str(exc)
     mps_built = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_built())
     mps_avail = bool(mps_built and torch.backends.mps.is_available())
     has_alias = alias_api() is not None
     if not has_alias:
         handoff = f"staging (torch {torch.__version__} has no torch.mps.{ALIAS_API}; >= 2.13)"
+    elif cfg is None:
+        handoff = "unknown (bad mccl environment)"
     elif not cfg.unified:
         handoff = f"staging ({config.UNIFIED_ENV}=0)"
     else:
         handoff = "unified (in place in shared memory)"
+    if not mps_avail:  # what a Mac with this torch and these settings would use
+        handoff = f"none here (no MPS device); on a Mac it would be {handoff}"
     cuda = []
     if torch.cuda.is_available():
         cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -120,6 +132,7 @@ def capabilities() -> dict[str, Any]:
         "mps_handoff": handoff,
         "cuda_handoff": "staging via pinned host buffers on a side stream" if cuda else None,
         "env": {k: os.environ.get(k) for k in config.ENV_DOCS},
+        "env_error": env_error,
         "hostname": socket.gethostname(),
         "address_to_master" if master else "default_address": _route_address(master),
         "interfaces": _interfaces(),
@@ -134,9 +147,11 @@ def _check(name: str, ok: bool, failures: list[str]) -> None:
         failures.append(name)
 
 
-def _selftest_rank(rank: int, world: int, port: int, device: str, unified: bool, q) -> None:
-    """One rank of the self-test (a spawned process)."""
-    os.environ[config.UNIFIED_ENV] = "1" if unified else "0"
+def _selftest_rank(rank: int, world: int, port: int, device: str, unified: bool | None,
+                   q) -> None:
+    """One rank of the self-test (a spawned process); ``unified`` None: as configured."""
+    if unified is not None:
+        os.environ[config.UNIFIED_ENV] = "1" if unified else "0"
     try:
         import torch.distributed as dist
 
@@ -200,9 +215,10 @@ def _selftest_rank(rank: int, world: int, port: int, device: str, unified: bool,
         q.put((rank, {"failures": ["exception"], "error": traceback.format_exc()}))
 
 
-def selftest(device: str, unified: bool, world: int = 2,
+def selftest(device: str, unified: bool | None, world: int = 2,
              timeout: float = SELFTEST_TIMEOUT_S) -> dict[str, Any]:
-    """Run the self-test on ``world`` local processes; returns a result dict with ``ok``."""
+    """Run the self-test on ``world`` local processes; returns a result dict with ``ok``.
+    ``unified``: force the MPS hand-off path (None: as configured; only MPS tensors use it)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
@@ -255,6 +271,8 @@ def _print_caps(caps: dict[str, Any]) -> None:
         print(f"CUDA hand-off: {caps['cuda_handoff']}")
     env = ", ".join(f"{k}={v}" for k, v in caps["env"].items() if v is not None) or "none set"
     print(f"mccl env: {env}")
+    if caps["env_error"]:
+        print(f"FAILED: bad mccl environment: {caps['env_error']}")
     addr_key = "address_to_master" if "address_to_master" in caps else "default_address"
     print(f"host {caps['hostname']}, {addr_key.replace('_', ' ')}: {caps[addr_key]}")
     print("interfaces: " + ", ".join(f"{i['name']}={i['ipv4'] or '-'}" for i in caps["interfaces"]))
@@ -262,25 +280,43 @@ def _print_caps(caps: dict[str, Any]) -> None:
     print("socket buffers: " + ", ".join(f"{k}={v}" for k, v in lim.items()))
 
 
+def selftest_variants(device: str) -> list[tuple[bool | None, str]]:
+    """(unified setting, label) of each self-test run: both MPS hand-off paths on MPS; one
+    run elsewhere, labelled by what it moves (the hand-off setting only applies to MPS)."""
+    if torch.device(device).type == "mps":
+        return [(True, "mps tensors, unified hand-off"),
+                (False, f"mps tensors, staging hand-off ({config.UNIFIED_ENV}=0)")]
+    return [(None, f"{device} tensors (the MPS hand-off paths need an MPS device)")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mccl doctor",
                                 description="Capabilities of this machine and a local self-test.")
     p.add_argument("--device", default=None, help="self-test device (default: best available)")
-    p.add_argument("--world", type=int, default=2, help="local processes in the self-test")
+    p.add_argument("--world", type=at_least(2), default=2,
+                   help="local processes in the self-test (at least 2: it tests the network)")
     p.add_argument("--no-selftest", action="store_true", help="only print capabilities")
     p.add_argument("--json", default=None, metavar="PATH", help="also write everything as JSON")
     args = p.parse_args(argv)
+    try:
+        if args.json is not None:
+            prepare_output(args.json, "--json")
+        if args.device is not None:
+            check_device(args.device)
+    except ValueError as exc:
+        return report(CliError(f"error: {exc}"))
+    except CliError as exc:
+        return report(exc)
     caps = capabilities()
     _print_caps(caps)
-    report: dict[str, Any] = {"capabilities": caps, "selftest": []}
-    ok = True
-    if not args.no_selftest:
+    doc: dict[str, Any] = {"capabilities": caps, "selftest": []}
+    ok = caps["env_error"] is None
+    if ok and not args.no_selftest:  # with a bad environment every rank would fail the same
         device = args.device or caps["best_device"]
-        for unified in (True, False):
-            label = "unified" if unified else f"staging ({config.UNIFIED_ENV}=0)"
-            print(f"self-test: {args.world} processes, {device}, {label} ... ", end="", flush=True)
+        for unified, label in selftest_variants(device):
+            print(f"self-test: {args.world} processes, {label} ... ", end="", flush=True)
             res = selftest(device, unified, args.world)
-            report["selftest"].append(res)
+            doc["selftest"].append(res)
             ok &= res["ok"]
             if res["ok"]:
                 bw = f", busbw {res['busbw_GBps']:.2f} GB/s" if res["busbw_GBps"] else ""
@@ -291,6 +327,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(e.rstrip())
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+            json.dump(doc, f, indent=1, default=str)
     print("doctor: all checks passed" if ok else "doctor: some checks FAILED")
     return 0 if ok else 1

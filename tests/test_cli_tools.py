@@ -22,6 +22,8 @@ import pytest
 from mccl.bench import cli
 from mccl.bench import cluster as cl
 from mccl.bench.report import (
+    format_size,
+    plural,
     prepare_output,
     size_range,
     write_json,
@@ -67,6 +69,67 @@ def _remove_test_cluster(ip: str | None) -> None:
     cl._set_owner(PREFIX, None)
 
 
+# -- 1: SIGTERM ends train as Ctrl-C does ------------------------------------------------
+_SLEEPER = """
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[-1], os.environ["RANK"]).write_text(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("on_cluster", [False, True], ids=["loopback", "cluster"])
+def test_train_sigterm_kills_ranks_and_removes_the_cluster(tmp_path: Path,
+                                                           on_cluster: bool) -> None:
+    """Before: SIGTERM killed train at once and left its ranks (own sessions) running, and
+    with --cluster the namespaces and the owner file."""
+    ip = _cluster_or_skip().ip if on_cluster else None
+    script, pids = tmp_path / "sleeper.py", tmp_path / "pids"
+    script.write_text(_SLEEPER)
+    pids.mkdir()
+    argv = [sys.executable, "-m", "mccl.bench.train", "--world-size", "2", "--backend", "gloo",
+            "--script", str(script), *(["--cluster", "--prefix", PREFIX] if on_cluster else []),
+            "--", str(pids)]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(ranks) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "ranks did not start"
+            time.sleep(0.2)
+            ranks = [int(p.read_text()) for p in pids.iterdir() if p.read_text()]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "cluster removed" in err if on_cluster else "cluster" not in err
+        deadline = time.monotonic() + 15  # killed and reaped by train before it exits
+        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in ranks)
+        if on_cluster:
+            assert cl.list_namespaces(ip, PREFIX) == []
+            assert not os.path.exists(cl._owner_file(PREFIX))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if on_cluster:
+            _remove_test_cluster(ip)
+
+
 # -- 2: a cluster made to stay is not a crashed run's leftovers ---------------------------
 def test_owner_record_tells_leftovers_from_clusters_made_to_stay(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +168,8 @@ def test_runs_refuse_to_replace_a_cluster_made_with_up() -> None:
             run.down()  # a refused run's clean-up leaves it alone too
             assert cl.list_namespaces(made.ip, PREFIX) == names
         res = _run("mccl.bench", "--cluster", "--prefix", PREFIX, *QUICK)
+        _one_line_error(res, 3, "already has a cluster that no run owns")
+        res = _run("mccl.bench.train", "--cluster", "--prefix", PREFIX, "--backend", "gloo")
         _one_line_error(res, 3, "already has a cluster that no run owns")
         assert cl.list_namespaces(made.ip, PREFIX) == names
     finally:
@@ -283,7 +348,17 @@ def test_interrupt_before_the_run_exits_130_quietly(monkeypatch: pytest.MonkeyPa
     assert capsys.readouterr().err == "interrupted\n"
 
 
-# -- 10: cluster bring-up errors ------------------------------------------------------
+# -- 10, 11: train's one-line errors ------------------------------------------------------
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_train_refuses_bad_settings_in_one_line() -> None:
+    """Before: a ValueError traceback for --rate garbage, a rank's traceback for nccl."""
+    _one_line_error(_run("mccl.bench.train", "--cluster", "--rate", "garbage"), 2,
+                    "bad cluster setting: bad rate 'garbage'")
+    _one_line_error(_run("mccl.bench.train", "--backend", "nccl"), 2,
+                    "--backend: nccl not usable here")
+    _one_line_error(_run("mccl.bench.train", "--timeout", "0"), 2, "argument --timeout")
+
+
 def test_start_cluster_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(cli.CliError, match="bad cluster setting") as exc:
         cli.start_cluster(2, "garbage", PREFIX)
@@ -292,3 +367,72 @@ def test_start_cluster_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(cli.CliError, match="cluster unavailable") as exc:
         cli.start_cluster(2, "1gbit", PREFIX)
     assert exc.value.status == 3
+
+
+# -- 12: doctor ----------------------------------------------------------------------------
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_doctor_checks_its_arguments_and_environment(tmp_path: Path) -> None:
+    """Before: --world 0 passed, --json into a missing folder and a bad MCCL_* variable gave
+    tracebacks, and without MPS the hand-off read 'unified' as if MPS were here."""
+    _one_line_error(_run("mccl", "doctor", "--world", "0"), 2, "argument --world")
+    out = tmp_path / "x" / "y.json"
+    res = _run("mccl", "doctor", "--no-selftest", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "capabilities" in json.loads(out.read_text())
+    import torch
+
+    if not torch.backends.mps.is_available():
+        assert "MPS hand-off: none here (no MPS device); on a Mac it would be" in res.stdout
+    for var, value in (("MCCL_UNIFIED_COLLECTIVE", "maybe"), ("MCCL_LOG_LEVEL", "chatty")):
+        bad = _run("mccl", "doctor", env=dict(os.environ, **{var: value}))
+        assert bad.returncode == 1 and "Traceback" not in bad.stdout + bad.stderr
+        assert f"FAILED: bad mccl environment: {var}='{value}'" in bad.stdout
+        assert "self-test: " not in bad.stdout
+
+
+def test_doctor_labels_what_its_self_test_moves() -> None:
+    from mccl.doctor import selftest_variants
+
+    assert [label for _, label in selftest_variants("cpu")] == [
+        "cpu tensors (the MPS hand-off paths need an MPS device)"]
+    assert [unified for unified, _ in selftest_variants("mps")] == [True, False]
+
+
+# -- 13, 14: model, mccl, cluster, sizes ----------------------------------------------------
+def test_model_cli_reports_an_unreadable_file_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from mccl.bench.model import main as model_main
+
+    (tmp_path / "bad.json").write_text("{bad")
+    (tmp_path / "list.json").write_text("[1]")
+    for name in ("missing.json", "bad.json", "list.json"):
+        assert model_main([str(tmp_path / name)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: cannot read {tmp_path / name}")
+
+
+def test_cosmetics(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mccl.__main__ import main as mccl_main
+
+    assert mccl_main(["foo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown command 'foo'\nusage: python -m mccl")
+    assert (plural(1, "host"), plural(2, "host")) == ("1 host", "2 hosts")
+    assert format_size(65520) == "63.98K" and format_size(1536) == "1.5K"
+    assert format_size(64 << 10) == "64K"
+    with pytest.raises(ValueError, match="below 1 bit/s"):
+        cl.parse_rate("0.5bit")
+    assert cl.parse_rate("1.5kbit") == 1500 and cl.parse_rate("0") is None
+    monkeypatch.setattr(cl.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cl.sys, "platform", "linux")
+    with pytest.raises(cl.ClusterUnavailable, match="not found at /nonexistent/ip .from --ip"):
+        cl.Cluster(2, "1gbit", prefix=PREFIX, ip_bin="/nonexistent/ip").check()
+
+
+def test_train_timeout_message_shows_the_real_value(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from mccl.bench.train import launch
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    assert launch(1, "gloo", [str(tmp_path)], script, timeout=0.5) == 124
+    assert "within 0.5s" in caplog.text

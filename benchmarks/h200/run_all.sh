@@ -11,7 +11,7 @@
 #   oppath    one op's fixed cost by stage (benchmarks/oppath.py), 4 loopback ranks, 1 MB: CPU
 #             all_reduce/all_gather/reduce_scatter (+ 1 rank), CUDA all_reduce blocking and
 #             async with the CUDA hand-off's variants interleaved
-#   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda, both paths)
+#   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda tensors)
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
 #             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)

@@ -199,7 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from mccl.bench.report import parse_size
 
-    doc = load_json(args.results)
+    try:
+        doc = load_json(args.results)
+    except (OSError, ValueError) as exc:  # missing, unreadable, not JSON, not a bench result
+        print(f"error: cannot read {args.results}: {getattr(exc, 'strerror', None) or exc}",
+              file=sys.stderr)
+        return 2
     backends = sorted({r["backend"] for r in doc.get("rows", []) if r["op"] == "all_reduce"})
     if not backends:
         print(f"{args.results}: no all_reduce rows", file=sys.stderr)

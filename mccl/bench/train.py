@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mccl.bench.cluster import Cluster, ClusterUnavailable, kill_tree
+from mccl.bench.cli import (
+    INTERRUPTED,
+    CliError,
+    at_least,
+    check_backends,
+    interrupt_on_sigterm,
+    report,
+    start_cluster,
+)
+from mccl.bench.cluster import DEFAULT_PREFIX, Cluster, kill_tree
 from mccl.bench.runner import LOOPBACK, LOOPBACK_IFNAME, REPO_ROOT, free_port
 
 log = logging.getLogger(__name__)
@@ -27,6 +36,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SCRIPT = REPO_ROOT / "examples" / "train_ddp.py"
 DEFAULT_TIMEOUT_S = 300.0
 POLL_S = 0.2
+#: What examples/train_ddp.py can train with: its model and batches stay on the CPU.
+TRAIN_BACKENDS = ("mccl", "gloo")
 
 
 def launch(world: int, backend: str, script_args: Sequence[str], script: Path = DEFAULT_SCRIPT,
@@ -61,7 +72,7 @@ def launch(world: int, backend: str, script_args: Sequence[str], script: Path = 
                 break
             time.sleep(POLL_S)
         else:
-            log.error("training did not finish within %.0fs; killing ranks", timeout)
+            log.error("training did not finish within %gs; killing ranks", timeout)
             return 124
         bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
         if bad:
@@ -78,37 +89,51 @@ def launch(world: int, backend: str, script_args: Sequence[str], script: Path = 
             kill_tree(p)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mccl.bench.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world-size", type=at_least(1), default=2)
+    p.add_argument("--backend", default="mccl",
+                   help=f"{' or '.join(TRAIN_BACKENDS)} (the default script trains on the CPU)")
+    p.add_argument("--script", type=Path, default=DEFAULT_SCRIPT)
+    p.add_argument("--timeout", type=at_least(0.0, float, strict=True),
+                   default=DEFAULT_TIMEOUT_S, help="seconds before the ranks are killed")
+    p.add_argument("--cluster", action="store_true", help="one rank per emulated host")
+    p.add_argument("--rate", default="1gbit", help="cluster link rate (e.g. 10gbit, none)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="cluster namespace prefix")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry; the script's exit status, 124 on timeout, 2 = usage, 3 = no cluster,
+    130 = interrupted (Ctrl-C or SIGTERM: ranks killed, cluster removed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="python -m mccl.bench.train", description=__doc__)
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--backend", default="mccl")
-    p.add_argument("--script", type=Path, default=DEFAULT_SCRIPT)
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
-    p.add_argument("--cluster", action="store_true", help="one rank per emulated host")
-    p.add_argument("--rate", default="1gbit")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="train: %(message)s")
-    if args.world_size < 1:
-        p.error("--world-size must be >= 1")
+    cluster: Cluster | None = None
     try:
+        interrupt_on_sigterm()
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.WARNING, format="train: %(message)s")
+        check_backends([args.backend], "--backend", TRAIN_BACKENDS)
         if args.cluster:
-            with Cluster(args.world_size, args.rate) as cl:
-                return launch(args.world_size, args.backend, extra, args.script,
-                              args.timeout, cl)
-        return launch(args.world_size, args.backend, extra, args.script, args.timeout)
-    except ClusterUnavailable as exc:
-        print(f"cluster unavailable: {exc}", file=sys.stderr)
-        return 3
+            cluster = start_cluster(args.world_size, args.rate, args.prefix)
+        return launch(args.world_size, args.backend, extra, args.script, args.timeout,
+                      cluster)
+    except CliError as exc:
+        return report(exc)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        print("interrupted; ranks killed" + (", cluster removed" if cluster else ""),
+              file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if cluster is not None:
+            cluster.down()
 
 
 if __name__ == "__main__":
