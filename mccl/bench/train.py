@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world-size", type=at_least(1), default=2)
     p.add_argument("--backend", default="mccl",
-                   help=f"{' or '.join(TRAIN_BACKENDS)} (the default script trains on the CPU)")
+                   help=f"{' or '.join(TRAIN_BACKENDS)} for the default script (it trains on "
+                        "the CPU); any available backend for --script")
     p.add_argument("--script", type=Path, default=DEFAULT_SCRIPT)
     p.add_argument("--timeout", type=at_least(0.0, float, strict=True),
                    default=DEFAULT_TIMEOUT_S, help="seconds before the ranks are killed")
@@ -117,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupt_on_sigterm()
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.WARNING, format="train: %(message)s")
-        check_backends([args.backend], "--backend", TRAIN_BACKENDS)
+        check_backends([args.backend], "--backend",
+                       TRAIN_BACKENDS if args.script == DEFAULT_SCRIPT else None)
         if args.cluster:
             cluster = start_cluster(args.world_size, args.rate, args.prefix)
         return launch(args.world_size, args.backend, extra, args.script, args.timeout,
