@@ -31,7 +31,7 @@ def _tensor(case: int, rank: int) -> torch.Tensor:
         vals = vals > 0
     elif dtype.is_complex:
         vals = torch.complex(vals, -vals)
-    return torch.sparse_coo_tensor(idx, vals.to(dtype), size)
+    return torch.sparse_coo_tensor(idx, vals.to(dtype), size, check_invariants=True)
 
 
 def _expected(case: int, world: int) -> torch.Tensor:
@@ -80,7 +80,8 @@ def test_sparse_all_reduce_sums(world: int) -> None:
             assert got_dtype == str(dtype) and shape == tuple(want.shape)
             wide = torch.float64 if dtype.itemsize == 2 else dtype
             got = torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.long),
-                                          torch.tensor(vals, dtype=wide).to(dtype), shape)
+                                          torch.tensor(vals, dtype=wide).to(dtype), shape,
+                                          check_invariants=True)
             if dtype.is_floating_point and dtype.itemsize == 2:
                 torch.testing.assert_close(got.to_dense(), want, rtol=1e-2, atol=1e-2)
             else:
