@@ -196,18 +196,21 @@ def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratc
         offs += n
 
 
-def sparse_all_reduce(ch: Channel, t: torch.Tensor, into: torch.Tensor) -> None:
-    """SUM of a sparse COO CPU tensor over the group, written into ``into``: ``t`` itself (as
-    gloo does), or the complex tensor ``t`` is the real view of (see the caller).
+def sparse_all_reduce(ch: Channel, t: torch.Tensor, base: torch.Tensor | None) -> None:
+    """SUM of a sparse COO CPU tensor over the group, written into ``t`` (as gloo does) and,
+    where ``t`` is the real view of a complex sparse tensor ``base``, into that too: a view
+    that takes other entries no longer shares the base's memory (see the caller).
 
     Ranks hold different numbers of entries, so it is an all-gather of every rank's
-    coalesced (indices, values) in two direct rounds: the entry counts and shapes' ranks
-    first, then the sizes, indices and values. Every rank sums the same concatenation, in
-    rank order, so every rank ends with the same bits; half types sum in float32 and round
-    once. Every rank sees every rank's shape, so a mismatch fails on all of them alike.
+    (indices, values) in three direct rounds: the entry counts and shapes' ranks, then the
+    sizes and indices, then the values. Every rank sums the same concatenation, in rank
+    order, so every rank ends with the same bits. Half types are not coalesced before they
+    travel, so every entry is summed once, in float32, and rounded once. Every rank sees
+    every rank's shape before the values move, so a mismatch fails on all of them alike.
     """
     w, r = ch.size, ch.rank
-    c = t.detach().coalesce()
+    up = UPCAST.get(t.dtype)
+    c = t.detach() if up is not None else t.detach().coalesce()
     idx, val = c._indices().contiguous(), c._values().contiguous()
     head = np.array([c._nnz(), c.sparse_dim(), c.dim()], dtype=np.int64)
     heads = [np.empty(3, dtype=np.int64) for _ in range(w)]
@@ -217,32 +220,31 @@ def sparse_all_reduce(ch: Channel, t: torch.Tensor, into: torch.Tensor) -> None:
                          + ", ".join(f"rank {i}: {int(h[2])} dims, {int(h[1])} sparse"
                                      for i, h in enumerate(heads)))
     sparse_dim, ndim = c.sparse_dim(), c.dim()
-    row = math.prod(c.shape[sparse_dim:])  # elements per entry
     meta = np.concatenate([np.asarray(c.shape, dtype=np.int64), idx.numpy().reshape(-1)])
     metas = [np.empty(ndim + sparse_dim * int(h[0]), dtype=np.int64) for h in heads]
-    vals = [torch.empty(int(h[0]) * row, dtype=val.dtype) for h in heads]
-    metas[r], vals[r] = meta, val.reshape(-1)
-    sends = [meta.view(np.uint8)] * w
-    direct.all_to_all(ch, sends, [m.view(np.uint8) for m in metas])
-    direct.all_to_all(ch, [as_bytes(vals[r])] * w, [as_bytes(v) for v in vals])
+    metas[r] = meta
+    direct.all_to_all(ch, [meta.view(np.uint8)] * w, [m.view(np.uint8) for m in metas])
     shapes = [tuple(int(x) for x in m[:ndim]) for m in metas]
     if len(set(shapes)) > 1:
         raise ValueError("mccl all_reduce: ranks passed sparse tensors of different sizes: "
                          + ", ".join(f"rank {i}: {s}" for i, s in enumerate(shapes)))
+    row = math.prod(c.shape[sparse_dim:])  # elements per entry
+    vals = [torch.empty(int(h[0]) * row, dtype=val.dtype) for h in heads]
+    vals[r] = val.reshape(-1)
+    direct.all_to_all(ch, [as_bytes(vals[r])] * w, [as_bytes(v) for v in vals])
     indices = torch.from_numpy(np.concatenate([m[ndim:].reshape(sparse_dim, int(h[0]))
                                                for m, h in zip(metas, heads, strict=True)],
                                               axis=1))
     values = torch.cat(vals).reshape(indices.shape[1], *c.shape[sparse_dim:])
-    up = UPCAST.get(val.dtype)
     total = torch.sparse_coo_tensor(indices, values if up is None else values.to(up), c.shape,
                                     check_invariants=False).coalesce()
     if up is not None:
         total = torch.sparse_coo_tensor(total._indices(), total._values().to(val.dtype),
-                                        c.shape, is_coalesced=True)
-    if into is not t:
-        total = torch.view_as_complex(total)
+                                        c.shape, is_coalesced=True, check_invariants=False)
     with torch.no_grad():
-        into.copy_(total)
+        t.copy_(total)
+        if base is not None:
+            base.copy_(torch.view_as_complex(total))
 
 
 def _joined(ch: Channel, scratch: Scratch) -> None:

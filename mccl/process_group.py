@@ -408,14 +408,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                              f"{redop.name}")
         if t.dtype in _QUANTIZED:
             raise TypeError(f"mccl {op_name}: unsupported dtype {t.dtype}")
-        # torch hands a complex tensor over as its real view (``view_as_real``): a sparse one
-        # cannot take a result with other entries, so the result goes to the complex tensor
-        # (gloo writes it into the view and the caller's tensor is left unreduced).
+        # torch hands a complex tensor over as its real view (``view_as_real``). A dense
+        # view shares the result with its base; a sparse one that takes other entries does
+        # not, so the result is written into the complex base too (gloo writes only the
+        # view, and the caller's complex tensor is left unreduced).
         base = t._base if t._is_view() else None
-        into = base if base is not None and base.is_complex() and base.is_sparse else t
+        if base is None or not (base.is_complex() and base.is_sparse):
+            base = None
         sig = signature(Kind.SPARSE_ALL_REDUCE, t.dtype, redop)
-        return self._submit(op_name, sig, lambda ch, h: coll.sparse_all_reduce(ch, t, into),
-                            [], [], [], [into], opts=opts, device=None)
+        return self._submit(op_name, sig, lambda ch, h: coll.sparse_all_reduce(ch, t, base),
+                            [], [], [], [t], opts=opts, device=None)
 
     @_drops_coalescing_on_error
     def allreduce_coalesced(self, tensors, opts=None):

@@ -114,10 +114,13 @@ def test_sparse_bad_input_refused_before_sending() -> None:
     assert "only dense tensors" in errors[2]
 
 
-def _shapes_differ(rank: int, world: int) -> str:
+def _shapes_differ(rank: int, world: int, dense: bool) -> str:
     import torch.distributed as dist
 
-    t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (4 + rank,))
+    if dense:  # a dense dim differs: the values' sizes would differ too
+        t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1, 3 + rank), (4, 3 + rank))
+    else:
+        t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (4 + rank,))
     try:
         dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001 - the test reads the message
@@ -125,9 +128,35 @@ def _shapes_differ(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_sparse_shape_mismatch_fails_every_rank() -> None:
-    for msg in run_ranks(_shapes_differ, 3, timeout=60, pg_timeout_s=20):
-        assert "different sizes" in msg and "(4,)" in msg and "(6,)" in msg, msg
+@pytest.mark.parametrize("dense", [False, True])
+def test_sparse_shape_mismatch_fails_every_rank(dense: bool) -> None:
+    want = ("(4, 3)", "(4, 5)") if dense else ("(4,)", "(6,)")
+    for msg in run_ranks(_shapes_differ, 3, dense, timeout=60, pg_timeout_s=20):
+        assert "different sizes" in msg and all(w in msg for w in want), msg
+
+
+def _rounding_and_views(rank: int, world: int) -> list:
+    import torch.distributed as dist
+
+    # bfloat16 steps by 2 at 256: 256 + 1 + 1 is 258 only if the ones are summed before
+    # rounding, though all three sit on one rank (half types travel uncoalesced)
+    idx = torch.zeros(1, 3 if rank == 0 else 0, dtype=torch.long)
+    vals = torch.tensor([256.0, 1.0, 1.0] if rank == 0 else [], dtype=torch.bfloat16)
+    half = torch.sparse_coo_tensor(idx, vals, (2,), check_invariants=True)
+    dist.all_reduce(half)
+    # the caller's own real view of a complex tensor holds the result, as its base does
+    c = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([1 + 2j]), (world,),
+                                check_invariants=True)
+    v = torch.view_as_real(c)
+    dist.all_reduce(v)
+    return [half.to_dense().tolist(), v.to_dense().tolist(),
+            [[z.real, z.imag] for z in c.to_dense().tolist()]]
+
+
+def test_sparse_half_rounds_once_and_real_views_get_the_result() -> None:
+    for half, view, base in run_ranks(_rounding_and_views, 2, timeout=60):
+        assert half == [258.0, 0.0]
+        assert view == [[1.0, 2.0], [1.0, 2.0]] and base == view
 
 
 def _embedding_ddp(rank: int, world: int) -> tuple[float, float]:
