@@ -1,0 +1,98 @@
+"""torchrun across hosts: two emulated hosts (network namespaces on a bridge), two workers
+each, c10d rendezvous, as on a fleet of Macs: one torchrun per machine pointing at the first.
+Skips without root and iproute2 (``python -m mccl.cluster`` says why)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mccl.bench import cluster as cl
+
+PREFIX = "mcclmn"
+TIMEOUT_S = 120
+
+_WORKER = textwrap.dedent("""
+    import os
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    dist.init_process_group("mccl", timeout=timedelta(seconds=60))
+    r, w = dist.get_rank(), dist.get_world_size()
+    small = torch.full((1000,), float(r + 1))
+    dist.all_reduce(small)
+    large = torch.full((1 << 20,), float(r))
+    dist.all_reduce(large)  # the ring, across the bridge
+    ends = dist.new_group([0, w - 1])
+    pair = torch.ones(3)
+    if r in (0, w - 1):
+        dist.all_reduce(pair, group=ends)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    for _ in range(3):
+        model(torch.randn(4, 8) + r).sum().backward()
+    weight = model.module.weight.grad.clone()
+    first = weight.clone()
+    dist.broadcast(first, 0)
+    ok = (bool((small == w * (w + 1) / 2).all()) and bool((large == sum(range(w))).all())
+          and bool((pair == (2 if r in (0, w - 1) else 1)).all()) and torch.equal(weight, first))
+    print(f"RESULT rank={r} world={w} local={os.environ['LOCAL_RANK']} ok={ok}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture
+def two_hosts():
+    c = cl.Cluster(2, "1gbit", prefix=PREFIX)
+    try:
+        c.check()
+    except cl.ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield c.up()
+    finally:
+        c.down()
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_torchrun_two_hosts_two_workers_each(two_hosts: cl.Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    addrs = two_hosts.describe()["addrs"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = []
+    for i, addr in enumerate(addrs):
+        # --local-addr: the emulated hosts share one hostname, which torchrun would otherwise
+        # advertise to the other host as the rendezvous store's address
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{addrs[0]}:29400", "--rdzv-id", "mn",
+                "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
+                "--local-addr", addr, "--log-dir", str(tmp_path / f"torchrun{i}"), str(script)]
+        procs.append(two_hosts.popen(i, argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True))
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            cl.kill_tree(proc)
+            logs.append(proc.communicate()[0])
+            pytest.fail("torchrun did not finish:\n" + "\n".join(x[-3000:] for x in logs))
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.returncode == 0, log[-4000:]
+    # the workers of a host share its torchrun's output: lines may run together
+    found = (re.findall(r"RESULT rank=\d+ \S+ \S+ ok=(?:True|False)", log) for log in logs)
+    results = sorted(m for ms in found for m in ms)
+    assert results == [f"RESULT rank={r} world=4 local={r % 2} ok=True" for r in range(4)], \
+        "\n".join(logs)
