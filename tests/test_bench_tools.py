@@ -19,6 +19,7 @@ from mccl.bench import cluster as cl
 from mccl.bench.model import fit_alpha_beta, report, ring_time
 from mccl.bench.ops import bus_factor, canonical_op, element_count
 from mccl.bench.report import format_size, parse_size, size_range
+from tests.hosts import emulated_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_PREFIX = "mccltest"  # never touches a user's "mccl" cluster
@@ -231,16 +232,8 @@ def test_hung_and_crashed_ranks_are_killed_and_reported(monkeypatch: pytest.Monk
 # -- emulated cluster ---------------------------------------------------------------------
 @pytest.fixture
 def cluster2():
-    c = cl.Cluster(2, "1gbit", prefix=TEST_PREFIX)
-    try:
-        c.check()
-    except cl.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield c.up()
-    finally:
-        c.down()
-        assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+    with emulated_hosts(2, "1gbit", TEST_PREFIX) as c:
+        yield c
 
 
 _SERVER = textwrap.dedent("""

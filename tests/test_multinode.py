@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mccl.bench import cluster as cl
+from tests.hosts import emulated_hosts
 
 PREFIX = "mcclmn"
 TIMEOUT_S = 120
@@ -53,15 +54,8 @@ _WORKER = textwrap.dedent("""
 
 @pytest.fixture
 def two_hosts():
-    c = cl.Cluster(2, "1gbit", prefix=PREFIX)
-    try:
-        c.check()
-    except cl.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield c.up()
-    finally:
-        c.down()
+    with emulated_hosts(2, "1gbit", PREFIX) as c:
+        yield c
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

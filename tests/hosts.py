@@ -1,0 +1,27 @@
+"""Emulated hosts for tests that need separate hosts: a cluster brought up for one test, or
+the test skipped with the one-line reason (no root, no iproute2, not Linux)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from mccl.bench import cluster as cl
+
+
+@contextmanager
+def emulated_hosts(n: int, rate: str | None, prefix: str) -> Iterator[cl.Cluster]:
+    """``n`` hosts on a bridge with links shaped to ``rate``; removed (and checked gone)
+    when the test ends."""
+    c = cl.Cluster(n, rate, prefix=prefix)
+    try:
+        c.check()
+    except cl.ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield c.up()
+    finally:
+        c.down()
+        assert cl.list_namespaces(c.ip, prefix) == []
