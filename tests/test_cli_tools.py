@@ -436,3 +436,17 @@ def test_train_timeout_message_shows_the_real_value(tmp_path: Path,
     script.write_text(_SLEEPER)
     assert launch(1, "gloo", [str(tmp_path)], script, timeout=0.5) == 124
     assert "within 0.5s" in caplog.text
+
+
+def test_ceiling_cli_reports_cluster_problems_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """It shares bench's cluster bring-up: a cluster it may not have (here: not available)
+    is one line and exit 3, not a traceback."""
+    from mccl.bench import ceiling, cli
+
+    def unavailable(*args, **kwargs):
+        raise cli.CliError("cluster unavailable: emulated cluster needs root", 3)
+
+    monkeypatch.setattr(cli, "start_cluster", unavailable)
+    assert ceiling.main(["--cluster", "--seconds", "0.2"]) == 3
+    assert capsys.readouterr().err.strip() == "cluster unavailable: emulated cluster needs root"

@@ -194,10 +194,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.cluster:
-        from mccl.bench.cluster import Cluster
+        from mccl.bench.cli import CliError, report, start_cluster
+        from mccl.bench.cluster import DEFAULT_PREFIX
 
-        with Cluster(max(args.hosts, 2), args.rate) as cl:
+        try:  # bench's one-line errors (a bad rate, no root, a prefix in use)
+            cl = start_cluster(max(args.hosts, 2), args.rate, DEFAULT_PREFIX)
+        except CliError as exc:
+            return report(exc)
+        try:
             res = measure_ceiling(cl, args.seconds)
+        finally:
+            cl.down()
     else:
         res = measure_ceiling(None, args.seconds)
     print(json.dumps(res, indent=1))
