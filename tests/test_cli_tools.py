@@ -309,8 +309,11 @@ def test_interrupted_bench_reports_the_rows_it_measured(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "mccl.bench", *QUICK, "--ops", "all_reduce,all_gather",
             "--json", str(out)]
     env = dict(os.environ, **{FAULT_ENV: "hang:all_gather"})  # stops after all_reduce's row
+    # (SIGINT back to its default: a suite run as a shell's background job ignores it, and
+    # the bench would inherit that)
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+                            text=True, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     pump = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     pump.start()

@@ -485,6 +485,9 @@ def _departures(rank: int, world: int) -> dict:
     # 4. Ctrl-C while blocked in a collective reaches the caller as KeyboardInterrupt.
     g = dist.new_group([0, 1], timeout=timedelta(seconds=30))
     if rank == 0:
+        # A shell's background job starts with SIGINT ignored, and its children inherit that:
+        # take Python's own Ctrl-C handler, as an interactive run has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         try:
             dist.all_reduce(torch.ones(4), group=g)
