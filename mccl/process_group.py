@@ -406,8 +406,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if redop is not Op.SUM:
             raise ValueError(f"mccl {op_name}: sparse tensors reduce with SUM only, got "
                              f"{redop.name}")
-        if t.dtype in _QUANTIZED:
-            raise TypeError(f"mccl {op_name}: unsupported dtype {t.dtype}")
         # torch hands a complex tensor over as its real view (``view_as_real``). A dense
         # view shares the result with its base; a sparse one that takes other entries does
         # not, so the result is written into the complex base too (gloo writes only the
