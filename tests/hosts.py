@@ -11,15 +11,21 @@ import pytest
 from mccl.bench import cluster as cl
 
 
-@contextmanager
-def emulated_hosts(n: int, rate: str | None, prefix: str) -> Iterator[cl.Cluster]:
-    """``n`` hosts on a bridge with links shaped to ``rate``; removed (and checked gone)
-    when the test ends."""
+def cluster_or_skip(n: int, rate: str | None, prefix: str) -> cl.Cluster:
+    """A cluster of ``n`` hosts that could come up here (not up yet); else skip the test."""
     c = cl.Cluster(n, rate, prefix=prefix)
     try:
         c.check()
     except cl.ClusterUnavailable as exc:
         pytest.skip(str(exc))
+    return c
+
+
+@contextmanager
+def emulated_hosts(n: int, rate: str | None, prefix: str) -> Iterator[cl.Cluster]:
+    """``n`` hosts on a bridge with links shaped to ``rate``; removed (and checked gone)
+    when the test ends."""
+    c = cluster_or_skip(n, rate, prefix)
     try:
         yield c.up()
     finally:

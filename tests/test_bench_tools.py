@@ -19,7 +19,7 @@ from mccl.bench import cluster as cl
 from mccl.bench.model import fit_alpha_beta, report, ring_time
 from mccl.bench.ops import bus_factor, canonical_op, element_count
 from mccl.bench.report import format_size, parse_size, size_range
-from tests.hosts import emulated_hosts
+from tests.hosts import cluster_or_skip, emulated_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_PREFIX = "mccltest"  # never touches a user's "mccl" cluster
@@ -273,11 +273,7 @@ def test_cluster_up_connect_down(cluster2: cl.Cluster) -> None:
 
 @pytest.mark.timeout(60)
 def test_cluster_removes_leftovers_of_a_crashed_run() -> None:
-    first = cl.Cluster(2, None, prefix=TEST_PREFIX)
-    try:
-        first.check()
-    except cl.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
+    first = cluster_or_skip(2, None, TEST_PREFIX)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         first.up()  # "crash": never call first.down()

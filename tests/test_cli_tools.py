@@ -28,6 +28,7 @@ from mccl.bench.report import (
     size_range,
     write_json,
 )
+from tests.hosts import cluster_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "mcclcli"  # neither a user's "mccl" cluster nor the other tests' prefix
@@ -52,15 +53,6 @@ def _parse(*argv: str) -> argparse.Namespace:
     from mccl.bench.__main__ import build_parser
 
     return build_parser().parse_args(list(argv))
-
-
-def _cluster_or_skip(hosts: int = 2) -> cl.Cluster:
-    c = cl.Cluster(hosts, None, prefix=PREFIX)
-    try:
-        c.check()
-    except cl.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    return c
 
 
 def _remove_test_cluster(ip: str | None) -> None:
@@ -91,7 +83,7 @@ def test_train_sigterm_kills_ranks_and_removes_the_cluster(tmp_path: Path,
                                                            on_cluster: bool) -> None:
     """Before: SIGTERM killed train at once and left its ranks (own sessions) running, and
     with --cluster the namespaces and the owner file."""
-    ip = _cluster_or_skip().ip if on_cluster else None
+    ip = cluster_or_skip(2, None, PREFIX).ip if on_cluster else None
     script, pids = tmp_path / "sleeper.py", tmp_path / "pids"
     script.write_text(_SLEEPER)
     pids.mkdir()
@@ -156,7 +148,7 @@ def test_owner_record_tells_leftovers_from_clusters_made_to_stay(
 def test_runs_refuse_to_replace_a_cluster_made_with_up() -> None:
     """Before: bench --cluster and train --cluster deleted a cluster made with
     `python -m mccl.cluster up` (it records no owner, and was taken for leftovers)."""
-    made = _cluster_or_skip()
+    made = cluster_or_skip(2, None, PREFIX)
     try:
         made.up(persist=True)
         names = cl.list_namespaces(made.ip, PREFIX)
