@@ -581,3 +581,34 @@ def test_free_port_skips_taken_ports_and_stays_below_the_ephemeral_range(monkeyp
     monkeypatch.undo()
     assert all(spawn.LOOPBACK_PORTS[0] <= spawn.free_port() <= spawn.LOOPBACK_PORTS[1]
                for _ in range(20))
+
+
+def _env_and_sum(rank: int, world: int, names: tuple[str, ...]) -> tuple:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    return tuple(os.environ.get(n) for n in names), t.tolist()
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_get_the_callers_environment_as_it_is_now(method: str, monkeypatch) -> None:
+    """The suite's ranks fork from a server started once (conftest), the benchmarks' ranks
+    are spawned: either way a rank sees the caller's environment at run_ranks time, variables
+    set or removed since the server started included, and ``env`` on top."""
+    import multiprocessing as mp
+
+    from mccl.bench import spawn
+
+    if method == "spawn":
+        monkeypatch.setattr(spawn, "_context", mp.get_context("spawn"))
+    names = ("MCCL_TEST_SET_LATER", "MCCL_TEST_REMOVED_LATER", "MCCL_TEST_GIVEN")
+    monkeypatch.setenv("MCCL_TEST_REMOVED_LATER", "old")
+    spawn.run_ranks(_env_and_sum, 2, names, timeout=120)  # a fork server runs from here on
+    monkeypatch.setenv("MCCL_TEST_SET_LATER", "now")
+    monkeypatch.delenv("MCCL_TEST_REMOVED_LATER")
+    got = spawn.run_ranks(_env_and_sum, 2, names, env={"MCCL_TEST_GIVEN": "g"}, timeout=120)
+    assert got == [(("now", None, "g"), [3.0] * 5)] * 2

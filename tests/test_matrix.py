@@ -5,8 +5,8 @@ the reference itself. Values are chosen so the reference is exact and order-inde
 integer-valued floats for sums, powers-of-two-ish factors for products, wrapping integer
 arithmetic (modular, so any order gives the same bits). Half types use values exact in the half
 type whose float32 sum is exact, so "accumulate in float32, round once" has one right answer
-(and a reduction that rounded at every step would differ). One spawned run per world size
-(spawning costs seconds); sizes 0, 1 and 1001 elements take the small-message path, 300_000
+(and a reduction that rounded at every step would differ). One run per world size;
+sizes 0, 1 and 1001 elements take the small-message path, 300_000
 the ring.
 """
 

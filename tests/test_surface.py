@@ -1,6 +1,6 @@
 """Every c10d entry point, through the public torch.distributed API, on mccl.
 
-One spawned run of 3 ranks does all the checks (spawning costs seconds) and returns the list
+One spawned run of 3 ranks does all the checks and returns the list
 of failures, so one broken entry point does not hide the others. Values are checked exactly.
 """
 
