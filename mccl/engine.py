@@ -38,6 +38,7 @@ import torch
 
 from .algorithms.base import Scratch
 from .device import Handoff
+from .device.strided import shares_memory
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature, pack_header
 from .transport.mesh import MISMATCH, Mesh, MismatchError
@@ -246,21 +247,10 @@ def _discard(job: Job) -> None:
         log.exception("mccl %s: releasing the hand-off of a failed op", job.name)
 
 
-def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """The byte ranges the tensors span (a strided tensor's from its first to its last
-    element: what lies between counts as touched)."""
-    return [(t.data_ptr(), t.data_ptr() + t.element_size() * (
-                1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))))
-            for t in tensors if t.numel()]
-
-
 def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Do two ops' tensors overlap in memory? (By byte range: receives into disjoint slices
     of one buffer, as an all-to-all or a halo exchange makes them, are independent.)"""
-    if not a or not b:
-        return False
-    mine = _spans(a)
-    return any(lo < hi2 and lo2 < hi for lo2, hi2 in _spans(b) for lo, hi in mine)
+    return any(shares_memory(x, y) for x in a for y in b)
 
 
 class Engine:

@@ -21,7 +21,14 @@ from . import config
 from .algorithms.base import chunk_cap
 from .device import Adapter, adapter_for
 from .device.cpu import CpuAdapter
-from .device.strided import ContiguousHandoff, needs_copy, overlaps_itself, plain_copy
+from .device.strided import (
+    ContiguousHandoff,
+    Placement,
+    clashing_inputs,
+    needs_copy,
+    overlaps_itself,
+    plain_copy,
+)
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
@@ -337,24 +344,29 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
                 collective: bool = True, opts=None, start=None, segmented=None,
-                device: torch.device | None | object = _UNCHECKED, park=None) -> Work:
+                device: torch.device | None | object = _UNCHECKED, park=None,
+                placements: Sequence[Placement] = ()) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
         ``segmented(io)``: called when a staged hand-off copies the one tensor piece by piece
-        in the ring's order (all-reduce only), before the op is queued."""
+        in the ring's order (all-reduce only), before the op is queued. ``placements``: where
+        an input may share memory with an output (the op's in-place layout); an input that
+        shares it otherwise is read from a copy (``clashing_inputs``)."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         strided = any(needs_copy(t) for t in tensors)
         if strided:
             self._writable(name, tensors, writes)
+        copies = strided or bool(clashing_inputs(tensors, reads, writes, placements))
+        if copies:
             segmented = None  # ranges of a flat view: the copy below is made whole
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
         handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
-        if strided:
-            handoff = ContiguousHandoff(handoff, reads, writes)
+        if copies:
+            handoff = ContiguousHandoff(handoff, reads, writes, placements)
         # A staged hand-off may copy a large tensor range by range so its device copies
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
@@ -485,7 +497,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         n = len(outs)
         run = coll.AllGather(flat=False)
         return self._submit(op_name, sig, run.finish, outs + [inp], [False] * n + [True],
-                            [True] * n + [False], outs, opts=opts, start=run.start)
+                            [True] * n + [False], outs, opts=opts, start=run.start,
+                            placements=[(n, self.rank(), 0)])
 
     def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor,
                         opts=None):
@@ -494,8 +507,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, "output", output, inp.numel() * w)
         sig = signature(Kind.ALL_GATHER, inp.dtype, count=output.numel())
         run = coll.AllGather(flat=True)
+        own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
         return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
-                            [True, False], [output], opts=opts, start=run.start)
+                            [True, False], [output], opts=opts, start=run.start,
+                            placements=[(1, 0, own)])
 
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_flat("all_gather_into_tensor", output, input, opts)
@@ -539,7 +554,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
                                                       scratch),
                             outs + [inp], [False] * n + [True], [True] * n + [False],
-                            [outs] if is_root else [], opts=opts)
+                            [outs] if is_root else [], opts=opts,
+                            placements=[(n, root, 0)] if is_root else ())
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         op_name = "scatter"
@@ -553,7 +569,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root,
                                                        scratch),
                             ins + [out], [True] * n + [False], [False] * n + [True], [out],
-                            opts=opts)
+                            opts=opts, placements=[(root, n, 0)] if is_root else ())
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op_name = "reduce_scatter"
@@ -575,7 +591,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
         return self._submit(op_name, sig, run.finish, ins + [out], [True] * n + [False],
                             [False] * n + [True], [given], opts=opts, device=device,
-                            start=run.start)
+                            start=run.start, placements=[(self.rank(), n, 0)])
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -588,8 +604,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
+        own = self.rank() * output.numel() * output.element_size()  # its part of the input
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
-                            [True, False], [given], opts=opts, device=device, start=run.start)
+                            [True, False], [given], opts=opts, device=device, start=run.start,
+                            placements=[(0, 1, own)])
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
@@ -626,7 +644,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             [coll.as_bytes(t) for t in h[w:]])
 
         return self._submit(op_name, sig, body, outs + ins, [False] * w + [True] * w,
-                            [True] * w + [False] * w, outs, opts=opts)
+                            [True] * w + [False] * w, outs, opts=opts,
+                            placements=[(w + self.rank(), self.rank(), 0)])
 
     def _split_rows(self, op_name: str, t: torch.Tensor, splits, what: str) -> list[int]:
         w = self.size()

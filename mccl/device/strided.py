@@ -1,8 +1,16 @@
-"""Non-contiguous tensors (transposed, sliced with a step, channels_last) and lazy negated or
-conjugated views (``torch._neg_view``, ``x.conj().imag``): the algorithms work on the raw
-bytes of flat buffers, so such a tensor is exchanged through a plain contiguous copy of its
-values in logical element order, made on the comm thread in the op's turn and copied back
-before the op completes. Every rank then agrees on the values whatever its memory layout."""
+"""Tensors the algorithms cannot use as they are, exchanged through plain copies made on the
+comm thread in the op's turn (and copied back before the op completes where they are written):
+
+* non-contiguous tensors (transposed, sliced with a step, channels_last) and lazy negated or
+  conjugated views (``torch._neg_view``, ``x.conj().imag``): the algorithms work on the raw
+  bytes of flat buffers, so such a tensor goes as a contiguous copy of its values in logical
+  element order, and every rank agrees on the values whatever its memory layout;
+* an input that shares memory with an output of the same op other than in the one layout the
+  op is written for (an all-gather's input in its own rank's slot of the output, a
+  reduce-scatter's output in its own rank's part of the input): receives into the output
+  would overwrite input not yet sent or reduced (``all_to_all_single(t, t)``, an all-gather
+  whose input sits in another rank's slot), so the input is read from a copy.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +32,43 @@ def plain_copy(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``t`` spans, from its first to its last element (what lies between
+    counts as touched); empty for an empty tensor."""
+    if not t.numel():
+        return (t.data_ptr(), t.data_ptr())
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (t.data_ptr(), t.data_ptr() + t.element_size() * (1 + last))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do the byte ranges of ``a`` and ``b`` intersect? (Never for an empty tensor.)"""
+    (lo, hi), (lo2, hi2) = byte_span(a), byte_span(b)
+    return lo < hi and lo2 < hi2 and lo < hi2 and lo2 < hi
+
+
+#: ``(a, b, offset)``: tensor ``a`` of an op may sit exactly at byte ``offset`` of tensor
+#: ``b`` (both contiguous): the in-place layout the op is written for.
+Placement = tuple[int, int, int]
+
+
+def clashing_inputs(tensors: Sequence[torch.Tensor], reads: Sequence[bool],
+                    writes: Sequence[bool], placements: Sequence[Placement] = ()) -> list[int]:
+    """Indices of the inputs (read, not written) that share memory with a written tensor
+    other than as one of ``placements`` says: the algorithms must read those from a copy."""
+    def placed(i: int, j: int) -> bool:
+        for a, b, off in placements:
+            if {a, b} == {i, j}:
+                ta, tb = tensors[a], tensors[b]
+                return (ta.is_contiguous() and tb.is_contiguous()
+                        and ta.data_ptr() == tb.data_ptr() + off)
+        return False
+
+    return [i for i, t in enumerate(tensors) if reads[i] and not writes[i] and any(
+        writes[j] and j != i and shares_memory(t, o) and not placed(i, j)
+        for j, o in enumerate(tensors))]
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Do two elements of ``t`` share memory (an expanded view)? Then a result cannot be
     written into it element by element."""
@@ -35,24 +80,30 @@ def overlaps_itself(t: torch.Tensor) -> bool:
 
 
 class ContiguousHandoff:
-    """Wraps a device hand-off whose host tensors may need a copy (``needs_copy``): ``acquire``
-    hands the algorithms plain contiguous copies, ``release`` writes the results back into
-    the originals."""
+    """Wraps a device hand-off whose host tensors may need a copy (``needs_copy``, or an input
+    that ``clashing_inputs`` names): ``acquire`` hands the algorithms plain contiguous copies,
+    ``release`` writes the results back into the originals."""
 
-    __slots__ = ("inner", "reads", "writes", "_hosts", "_copies")
+    __slots__ = ("inner", "reads", "writes", "placements", "_hosts", "_copies")
 
-    def __init__(self, inner: Handoff, reads: Sequence[bool], writes: Sequence[bool]):
+    def __init__(self, inner: Handoff, reads: Sequence[bool], writes: Sequence[bool],
+                 placements: Sequence[Placement] = ()):
         self.inner = inner
         self.reads = list(reads)
         self.writes = list(writes)
+        self.placements = tuple(placements)
         self._hosts: list[torch.Tensor] = []
         self._copies: list[torch.Tensor] = []
 
     def acquire(self) -> list[torch.Tensor]:
-        self._hosts = self.inner.acquire()
+        # The host tensors decide: a staged hand-off's host buffers share no memory, a CPU or
+        # unified one's are the caller's tensors.
+        self._hosts = hosts = self.inner.acquire()
+        clash = set(clashing_inputs(hosts, self.reads, self.writes, self.placements))
         self._copies = [
-            h if not needs_copy(h) else plain_copy(h) if r else torch.empty(h.shape, dtype=h.dtype)
-            for h, r in zip(self._hosts, self.reads, strict=True)]
+            h if not (needs_copy(h) or i in clash) else plain_copy(h) if r
+            else torch.empty(h.shape, dtype=h.dtype)
+            for i, (h, r) in enumerate(zip(hosts, self.reads, strict=True))]
         return self._copies
 
     def release(self) -> None:
