@@ -18,15 +18,15 @@ from mccl.bench.spawn import run_ranks
 SMALL, LARGE = 8, 1 << 20
 
 
-def _values(rank: int, n: int) -> torch.Tensor:
+def _values(rank: int, n: int, device: str = "cpu") -> torch.Tensor:
     """Exact in float32 and in sums over a few ranks; differ by rank and by position."""
-    return (torch.arange(n) % 997 + 1000 * (rank + 1)).float()
+    return (torch.arange(n, device=device) % 997 + 1000 * (rank + 1)).float()
 
 
-def _cases(rank: int, world: int, n: int) -> list[str]:
+def _cases(rank: int, world: int, n: int, dev: str) -> list[str]:
     bad: list[str] = []
     nxt, ranks = (rank + 1) % world, range(world)
-    everyone = torch.cat([_values(r, n) for r in ranks])
+    everyone = torch.cat([_values(r, n, dev) for r in ranks])
 
     def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
         if not torch.equal(got, want):
@@ -35,59 +35,68 @@ def _cases(rank: int, world: int, n: int) -> list[str]:
                        f"{wrong[0].tolist()}")
 
     for slot, what in ((rank, "own slot"), (nxt, "next rank's slot")):
-        out = torch.zeros(world * n)
-        out[slot * n:(slot + 1) * n] = _values(rank, n)
+        out = torch.zeros(world * n, device=dev)
+        out[slot * n:(slot + 1) * n] = _values(rank, n, dev)
         dist.all_gather_into_tensor(out, out[slot * n:(slot + 1) * n])
         check(f"all_gather_into_tensor, input in the {what}", out, everyone)
 
-    out = torch.zeros(world * n + n // 2)  # input straddling two slots
+    out = torch.zeros(world * n + n // 2, device=dev)  # input straddling two slots
     inp = out[n // 2:n // 2 + n]
-    inp.copy_(_values(rank, n))
+    inp.copy_(_values(rank, n, dev))
     dist.all_gather_into_tensor(out[:world * n], inp)
     check("all_gather_into_tensor, input across two slots", out[:world * n], everyone)
 
-    outs = [torch.zeros(n) for _ in ranks]
-    outs[nxt] = _values(rank, n)
+    outs = [torch.zeros(n, device=dev) for _ in ranks]
+    outs[nxt] = _values(rank, n, dev)
     dist.all_gather(outs, outs[nxt])
     check("all_gather, input is another rank's output", torch.cat(outs), everyone)
 
-    total = sum(_values(r, n) for r in ranks)
+    total = sum(_values(r, n, dev) for r in ranks)
     for part, what in ((rank, "own part"), (nxt, "next rank's part")):
-        inp = torch.cat([_values(rank, n)] * world)
+        inp = torch.cat([_values(rank, n, dev)] * world)
         dist.reduce_scatter_tensor(inp[part * n:(part + 1) * n], inp)
         check(f"reduce_scatter_tensor, output is its input's {what}",
               inp[part * n:(part + 1) * n], total)
 
-    ins = [_values(rank, n) for _ in ranks]
+    ins = [_values(rank, n, dev) for _ in ranks]
     dist.reduce_scatter(ins[nxt], ins)
     check("reduce_scatter, output is another rank's input", ins[nxt], total)
 
-    t = torch.cat([_values(rank, n) + 100_000 * d for d in ranks])
+    t = torch.cat([_values(rank, n, dev) + 100_000 * d for d in ranks])
     dist.all_to_all_single(t, t)
-    check("all_to_all_single(t, t)", t, torch.cat([_values(r, n) + 100_000 * rank
+    check("all_to_all_single(t, t)", t, torch.cat([_values(r, n, dev) + 100_000 * rank
                                                    for r in ranks]))
 
-    bufs = [_values(rank, n) + 100_000 * d for d in ranks]
+    bufs = [_values(rank, n, dev) + 100_000 * d for d in ranks]
     dist.all_to_all(bufs, bufs)
     check("all_to_all, outputs are the inputs", torch.cat(bufs),
-          torch.cat([_values(r, n) + 100_000 * rank for r in ranks]))
+          torch.cat([_values(r, n, dev) + 100_000 * rank for r in ranks]))
 
     root = world - 1
-    parts = [_values(root, n) + 100_000 * d for d in ranks]
-    out = parts[(root + 1) % world] if rank == root else torch.zeros(n)
-    want = (_values(root, n) + 100_000 * rank).clone()
+    parts = [_values(root, n, dev) + 100_000 * d for d in ranks]
+    out = parts[(root + 1) % world] if rank == root else torch.zeros(n, device=dev)
+    want = (_values(root, n, dev) + 100_000 * rank).clone()
     dist.scatter(out, parts if rank == root else None, src=root)
     check("scatter, the root's output is another rank's part", out, want)
     return bad
 
 
-def _both_sizes(rank: int, world: int) -> list[str]:
-    return _cases(rank, world, SMALL) + _cases(rank, world, LARGE)
+def _both_sizes(rank: int, world: int, dev: str) -> list[str]:
+    if dev == "cuda":
+        torch.cuda.set_device(0)  # the ranks share the machine's first GPU
+    return _cases(rank, world, SMALL, dev) + _cases(rank, world, LARGE, dev)
 
 
 @pytest.mark.parametrize("world", [3, 4])
 def test_inputs_sharing_memory_with_outputs_give_the_right_values(world: int) -> None:
-    bad = run_ranks(_both_sizes, world, timeout=180)
+    bad = run_ranks(_both_sizes, world, "cpu", timeout=180)
+    assert not any(bad), "\n".join(line for rank in bad for line in rank)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_inputs_sharing_memory_with_outputs_give_the_right_values() -> None:
+    """Staged through host copies (the CUDA hand-off): the same cases on CUDA tensors."""
+    bad = run_ranks(_both_sizes, 3, "cuda", timeout=240)
     assert not any(bad), "\n".join(line for rank in bad for line in rank)
 
 
