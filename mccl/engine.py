@@ -38,7 +38,7 @@ import torch
 
 from .algorithms.base import Scratch
 from .device import Handoff
-from .device.strided import shares_memory
+from .device.strided import byte_span, spans_meet
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature, pack_header
 from .transport.mesh import MISMATCH, Mesh, MismatchError
@@ -250,7 +250,8 @@ def _discard(job: Job) -> None:
 def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Do two ops' tensors overlap in memory? (By byte range: receives into disjoint slices
     of one buffer, as an all-to-all or a halo exchange makes them, are independent.)"""
-    return any(shares_memory(x, y) for x in a for y in b)
+    theirs = [byte_span(y) for y in b]
+    return any(spans_meet(byte_span(x), s) for x in a for s in theirs)
 
 
 class Engine:

@@ -35,16 +35,18 @@ def plain_copy(t: torch.Tensor) -> torch.Tensor:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The byte range ``t`` spans, from its first to its last element (what lies between
     counts as touched); empty for an empty tensor."""
+    lo = t.data_ptr()
+    if t.is_contiguous():  # the common case, and the cheap one: its bytes in a row
+        return (lo, lo + t.nbytes)
     if not t.numel():
-        return (t.data_ptr(), t.data_ptr())
+        return (lo, lo)
     last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return (t.data_ptr(), t.data_ptr() + t.element_size() * (1 + last))
+    return (lo, lo + t.element_size() * (1 + last))
 
 
-def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Do the byte ranges of ``a`` and ``b`` intersect? (Never for an empty tensor.)"""
-    (lo, hi), (lo2, hi2) = byte_span(a), byte_span(b)
-    return lo < hi and lo2 < hi2 and lo < hi2 and lo2 < hi
+def spans_meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Do two ``byte_span`` ranges intersect? (Never an empty one.)"""
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
 
 
 #: ``(a, b, offset)``: tensor ``a`` of an op may sit exactly at byte ``offset`` of tensor
@@ -64,9 +66,14 @@ def clashing_inputs(tensors: Sequence[torch.Tensor], reads: Sequence[bool],
                         and ta.data_ptr() == tb.data_ptr() + off)
         return False
 
-    return [i for i, t in enumerate(tensors) if reads[i] and not writes[i] and any(
-        writes[j] and j != i and shares_memory(t, o) and not placed(i, j)
-        for j, o in enumerate(tensors))]
+    inputs = [i for i in range(len(tensors)) if reads[i] and not writes[i]]
+    outputs = [j for j in range(len(tensors)) if writes[j]]
+    if not inputs or not outputs:
+        return []
+    # every op checks this on submission: each tensor's span once, then pairs of tuples
+    span = {k: byte_span(tensors[k]) for k in inputs + outputs}
+    return [i for i in inputs if any(spans_meet(span[i], span[j]) and not placed(i, j)
+                                     for j in outputs)]
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
