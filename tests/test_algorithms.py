@@ -350,3 +350,54 @@ def test_direct_all_to_all_gather_scatter(world: int) -> None:
             for p in range(world):
                 np.testing.assert_array_equal(got[p], np.full(2, p, np.int16))
         np.testing.assert_array_equal(part, np.full(3, r, np.int16))
+
+
+class RecordingChannel(FakeChannel):
+    """A FakeChannel that logs its sends and receives in order."""
+
+    def __init__(self, rank: int, size: int, boxes: dict):
+        super().__init__(rank, size, boxes)
+        self.log: list[tuple[str, int]] = []
+
+    def send(self, peer: int, buf: np.ndarray) -> bool:
+        self.log.append(("send", peer))
+        return super().send(peer, buf)
+
+    def recv(self, peer: int, buf: np.ndarray) -> None:
+        super().recv(peer, buf)
+        self.log.append(("recv", peer))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("sizes", ["large", "small", "mixed"])
+def test_all_to_all_schedule_and_values(world: int, sizes: str) -> None:
+    """Large messages go a step at a time (the send to r + s only after the receive from
+    r - s + 1), small ones all at once; with uneven splits ranks pick differently, and every
+    mix completes with the right values."""
+    big = direct.ALL_TO_ALL_PAIRWISE_BYTES
+
+    def count(src: int, dst: int) -> int:
+        large = sizes == "large" or (sizes == "mixed" and src % 2 == 0)
+        return big + 8 * (src + dst) if large else 3 + src + dst
+
+    def body(ch):
+        r = ch.rank
+        sends = [np.full(count(r, p), r * 16 + p, dtype=np.uint8) for p in range(world)]
+        recvs = [np.zeros(count(p, r), dtype=np.uint8) for p in range(world)]
+        direct.all_to_all(ch, sends, recvs)
+        return recvs, ch.log
+
+    for r, (recvs, log) in enumerate(run_all(world, body, RecordingChannel)):
+        for p in range(world):
+            np.testing.assert_array_equal(recvs[p], np.full(count(p, r), p * 16 + r, np.uint8))
+        order = [(r + s) % world for s in range(1, world)]
+        sends = [peer for kind, peer in log if kind == "send"]
+        assert sends == order and [peer for kind, peer in log if kind == "recv"] == [
+            (r - s) % world for s in range(1, world)]
+        if count(r, (r + 1) % world) >= big:  # the rank's largest send decides; here all are
+            want = [x for s in range(1, world)
+                    for x in (("send", (r + s) % world), ("recv", (r - s) % world))]
+        else:
+            want = [("send", p) for p in order] + [("recv", (r - s) % world)
+                                                   for s in range(1, world)]
+        assert log == want, (r, log)

@@ -15,6 +15,8 @@
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
 #             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
+#   otherops  the same cluster, 4 and 8 hosts: broadcast, all_to_all, sendrecv 1M..256M, mccl vs
+#             gloo, CPU tensors
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
 #             (VIT_VARIANTS: mccl A/B variants beside gloo, see stage_vit)
 #   suite     the whole test suite on this torch (compatibility with torch 2.11)
@@ -149,6 +151,17 @@ stage_cluster() {
             --world-sizes "$n" --rate 10gbit --device cuda --ops all_reduce --min 1M \
             --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
             --json "$RES/cluster10g_cuda_n$n.json" --png "$RES/cluster10g_cuda_n$n.png"
+    done
+}
+
+stage_otherops() {
+    need_ip
+    local n
+    for n in 4 8; do
+        run "otherops10g_cpu_n$n" 200 "$PY" -m mccl.bench --cluster --hosts "$n" \
+            --world-sizes "$n" --rate 10gbit --ops broadcast,all_to_all,sendrecv \
+            --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
+            --json "$RES/otherops10g_cpu_n$n.json" --png "$RES/otherops10g_cpu_n$n.png"
     done
 }
 

@@ -39,7 +39,10 @@ N bytes (the kernel holds the socket's lock while one receive copies what is que
 handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
 all-gather's local copy of the own segment into the output (timing only: the output's own
 part is then wrong); ``peer_check=0`` skips ``Mesh.check_open`` (a collective's first send
-to each peer looks for its end of stream since the seventeenth session; p2p sends before).
+to each peer looks for its end of stream since the seventeenth session; p2p sends before);
+``a2a_pairwise=N``: all_to_all queues its sends a step at a time from N bytes to one peer
+(``direct.ALL_TO_ALL_PAIRWISE_BYTES``; a huge N: all at once, as before the twenty-second
+session).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ _CONSTANTS = {
     "early": ("mccl.engine", "EARLY_START"),
     "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
     "rs_spares": ("mccl.algorithms.ring", "REDUCE_SCATTER_SPARES"),
+    "a2a_pairwise": ("mccl.algorithms.direct", "ALL_TO_ALL_PAIRWISE_BYTES"),
 }
 
 
