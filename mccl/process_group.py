@@ -375,14 +375,14 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                             self._engine.chunk_cap)):
             segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
-        work = Work(name, result, devices=devices)
+        blocking = opts is not None and getattr(opts, "asyncOp", True) is False
+        work = Work(name, result, devices=devices, blocking=blocking)
         job = Job(name, sig, body, work, handoff, collective=collective, start=start,
                   tensors=tensors, park=park)
         # A blocking collective runs on the caller's thread when the group is idle: the caller
         # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
         # a loaded host (async ops never do: they must not block the caller).
-        inline = (collective and self._coalesced is None and opts is not None
-                  and getattr(opts, "asyncOp", True) is False
+        inline = (collective and self._coalesced is None and blocking
                   and (device is None or device.type in INLINE_DEVICE_TYPES))
         self._engine.submit(job, inline=inline)
         if self._coalesced is not None:

@@ -6,6 +6,7 @@ op's error, and lets the device adapter gate the consumer (O2) on the caller's t
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -101,6 +102,11 @@ class _Completer:
 
 _COMPLETER = _Completer()
 
+#: Works that torch's C++ side may still hold after Python dropped them (``Work.__del__``).
+KEPT_WORKS = 32
+KEPT_MAX_BYTES = 64 << 10
+_kept: collections.deque = collections.deque(maxlen=KEPT_WORKS)
+
 
 def _unwrap(fut: torch.futures.Future):
     """The value of a Work's future, or its error raised (so the chained future fails)."""
@@ -130,8 +136,9 @@ class Work(dist.Work):
     """
 
     def __init__(self, op: str, result: list[torch.Tensor] | None = None,
-                 devices: list[torch.device] | None = None):
+                 devices: list[torch.device] | None = None, blocking: bool = False):
         super().__init__()
+        self._blocking = blocking  # waited by torch before the call returns: never escapes
         self.op = op
         self._result: list[torch.Tensor] = result if result is not None else []
         self._latch = threading.Lock()
@@ -145,6 +152,23 @@ class Work(dist.Work):
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
         self._callbacks_lock = threading.Lock()
+
+    def __del__(self) -> None:
+        """Torch's C++ side can hold a Work after its Python object is gone: DDP's Join
+        hands the Work of its async one-element all-reduce to the reducer, which waits on it
+        and reads its future in the backward pass. This class's ``wait`` and ``get_future``
+        live in the Python object, so C++ would then reach the base Work's, which raise
+        ("Work::getFuture not implemented") or never return. A small Work dropped before
+        anybody asked for its future may be such a one (not one of a blocking call: torch
+        waited on it before returning, and nobody else saw it): it is kept alive until
+        ``KEPT_WORKS`` more have been dropped (at most ``KEPT_MAX_BYTES`` of results each,
+        so no large buffer outlives its op because of this)."""
+        try:
+            if (not self._blocking and self._raw is None
+                    and sum(t.nbytes for t in self._result) <= KEPT_MAX_BYTES):
+                _kept.append(self)
+        except Exception:  # noqa: BLE001 - interpreter exit, or a half-made Work
+            pass
 
     # ---- completion (comm thread) ----
     def complete(self, gate=None, result_ctx=None) -> None:
@@ -199,20 +223,24 @@ class Work(dist.Work):
                 raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
                                       op=self.op)
             self._latch.release()
+        self._await_future()
         if self._error is not None:
             raise self._error
-        self._await_future()
         if self._gate is not None:
             self._gate()
         return True
 
     def _await_future(self) -> None:
         """A Future asked for before the op finished is completed on another thread (see
-        ``_settle``): ``wait`` returns only once it is done too, so ``fut.value()`` may follow
-        (as on gloo, whose futures are completed before its Work)."""
+        ``_settle``): ``wait`` returns (or raises) only once it is done too, so ``fut.value()``
+        may follow and ``is_completed()`` holds (as on gloo, whose futures are completed
+        before its Work)."""
         fut = self._made_future()
         if fut is not None and not fut.done():
-            fut.wait()
+            try:
+                fut.wait()
+            except Exception:  # noqa: BLE001 - a failed op: wait raises its own error
+                pass
 
     def _made_future(self) -> torch.futures.Future | None:
         """The Future a caller may hold (the chained one, else the raw one), if made yet."""

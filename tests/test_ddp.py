@@ -9,7 +9,7 @@ from mccl.bench.spawn import run_ranks
 
 STEPS = 6
 CONFIGS = ["default", "bucket_view", "static_graph", "find_unused", "allreduce_hook",
-           "fp16_hook", "powersgd_hook"]
+           "fp16_hook", "powersgd_hook", "join", "join_current_world"]
 if torch.cuda.is_available() and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 13):
     # torch 2.11's PowerSGD hook calls torch.cuda.synchronize on CPU tensors' device when a
     # GPU is present and fails for gloo too (seen on the H200); nothing to compare there.
@@ -31,6 +31,11 @@ class _Net(torch.nn.Module):
 
 
 def _train(config: str, group, rank: int) -> list[torch.Tensor]:
+    """``join*``: uneven inputs (rank r takes r more steps) under DDP's Join; with
+    ``divide_by_initial_world_size=False`` the reducer itself waits on the Work of Join's
+    all-reduce and reads its future in the backward pass, after Python dropped it."""
+    import contextlib
+
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,13 +62,16 @@ def _train(config: str, group, rank: int) -> list[torch.Tensor]:
         model.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
-    for _ in range(STEPS):
-        x = torch.randn(16, 32, generator=gen)
-        y = torch.randn(16, 4, generator=gen)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
+    joined = config.startswith("join")
+    with (model.join(divide_by_initial_world_size=config == "join") if joined
+          else contextlib.nullcontext()):
+        for _ in range(STEPS + (rank if joined else 0)):
+            x = torch.randn(16, 32, generator=gen)
+            y = torch.randn(16, 4, generator=gen)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
     return [p.detach().clone() for p in model.parameters()]
 
 
