@@ -135,7 +135,7 @@ class OpChannel:
     """The algorithms' Channel for one op: frames tagged with the op's seq and signature."""
 
     __slots__ = ("mesh", "rank", "size", "chunk_cap", "seq", "sig", "deadline", "_queued",
-                 "_started", "_headers", "on_sends_done", "_sealed")
+                 "_started", "_headers", "on_sends_done", "_sealed", "last_from")
 
     def __init__(self, mesh: Mesh, seq: int, sig: Signature, deadline: float, chunk_cap: int):
         self.mesh = mesh
@@ -151,6 +151,7 @@ class OpChannel:
         #: Called once when the algorithm's sends are all queued (the engine's early start).
         self.on_sends_done: Callable[[], None] | None = None
         self._sealed: list | None = None  # mark of this op's sends, taken at sends_done
+        self.last_from = -1  # the peer this op last received from (-1: none yet)
 
     def _header(self, nbytes: int) -> bytes:
         """The frame header of this op for a payload of ``nbytes``: the same for the sender
@@ -176,6 +177,7 @@ class OpChannel:
 
     def recv(self, peer: int, buf: np.ndarray) -> None:
         self.mesh.recv_data(peer, self.seq, self.sig, buf, self._header(buf.nbytes))
+        self.last_from = peer
 
     def mark(self) -> list:
         """Token for the sends queued so far (a buffer they read may be reused after wait)."""
@@ -476,6 +478,8 @@ class Engine:
                 if EARLY_START and threading.current_thread() is self._thread:
                     ch.on_sends_done = lambda: self._start_next(job)
                 job.body(ch, hosts)
+                if ch.last_from >= 0 and job.collective:
+                    mesh.check_reports(ch.last_from)  # did the op fail there meanwhile?
                 job.handoff.release()
                 mesh.end_op()
         except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter

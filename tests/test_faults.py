@@ -88,14 +88,18 @@ def _faults(rank: int, world: int) -> dict:
         t = torch.zeros(4)
         w1 = dist.irecv(t, src=1, group=g_abort)
         w2 = dist.all_reduce(torch.ones(4), group=g_abort, async_op=True)
+        futs = [w1.get_future(), w2.get_future()]  # asked for before the failure
         threading.Timer(0.3, g_abort.abort).start()
         res = []
-        for w in (w1, w2):
+        for w, fut in zip((w1, w2), futs):
             try:
                 w.wait()
                 res.append("no error")
             except CollectiveError as e:
                 res.append(str(e))
+            # the moment wait() raised, the Work and its Future say so (as on gloo)
+            out.setdefault("done_when_raised", []).append(
+                (w.is_completed(), w.is_success(), fut.done()))
         try:
             dist.all_reduce(torch.ones(4), group=g_abort)
             res.append("no error")
@@ -142,6 +146,7 @@ def test_dead_stalled_and_unplugged_peers() -> None:
         assert "failed" in res[rank]["stop"]["msg"]
     aborted = res[0]["abort"]
     assert all("abort" in m for m in aborted), aborted
+    assert res[0]["done_when_raised"] == [(True, False, True)] * 2, res[0]["done_when_raised"]
 
 
 # ---------------------------------------------------------------- mismatch and bad input
@@ -550,6 +555,35 @@ def _late_but_alive(rank: int, world: int) -> str:
 
 def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
     assert run_ranks(_late_but_alive, 2, timeout=60, pg_timeout_s=2) == ["ok", "ok"]
+
+
+def _later_than_the_timeout(rank: int, world: int, size: int) -> str:
+    """Rank 1 comes to an all-reduce after the others gave up waiting for it (group timeout
+    2 s); everything they sent before that waits in its sockets."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    if rank == 1:
+        time.sleep(4.5)
+    t = torch.ones(size)
+    try:
+        dist.all_reduce(t)
+    except CollectiveError as e:
+        return str(e)
+    return f"no error, sum {t[0].item()}"
+
+
+@pytest.mark.parametrize("size", [1, 1000, 70_000])
+def test_a_rank_later_than_the_timeout_fails_the_op_its_peers_failed(size: int) -> None:
+    """Before: the late rank found its peers' data (sent before they timed out) in its
+    sockets, returned the full sum, and heard of their failure only at its next op."""
+    res = run_ranks(_later_than_the_timeout, 3, size, timeout=60, pg_timeout_s=2)
+    late = res[1]
+    assert "op #1" in late and "gave up on rank 1" in late, late
+    for rank in (0, 2):
+        assert "op #1" in res[rank] and "rank 1" in res[rank], res[rank]
 
 
 def _shorter_timeout(rank: int, world: int) -> str:

@@ -57,6 +57,8 @@ HISTORY = 64
 POLL_STASH_MAX = 1 << 20
 #: Frames read from one peer per poll before moving on.
 POLL_FRAMES = 64
+#: Bytes peeked to find a peer's next frame behind its STATE frames (a few of 44 bytes).
+PEEK_BYTES = 512
 
 
 #: What every MismatchError's text starts with: a peer that gets it in an error frame tells a
@@ -275,30 +277,66 @@ class Mesh:
 
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
-        message sent now would be lost without an error (any thread: only peeks). The next
-        frame's header is looked at only while no other thread reads the sockets (else the
-        bytes peeked may be the middle of a frame; the op's own thread reads whole frames)."""
+        message sent now would be lost without an error (any thread: only peeks)."""
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
-        raw = p.peek(HEADER_SIZE)  # a header only: the peer's data may be waiting
-        if raw is None:
+        found = self._peek_next(p, closed_raises=True)
+        if found is None:
             return
-        if not raw:
-            raise p._closed_error()
-        if self._polling or self._reader not in (None, threading.current_thread()):
-            return  # a reader may be inside a frame: the bytes peeked need not start one
-        try:  # the next frame, if whole: a BYE or an error report means it has gone
-            hdr = unpack_header(raw)
-        except FrameError:
-            return  # not all there yet (a garbled one is the reader's to report)
-        if hdr.group != self.group:
-            return
+        at, hdr = found
         if hdr.kind == BYE:
             raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
         if hdr.kind == ERROR:
-            raw = p.peek(HEADER_SIZE + min(hdr.length, MAX_ERROR_BYTES)) or raw
-            raise self._reported(p, hdr, bytes(raw[HEADER_SIZE:]).decode("utf-8", "replace"))
+            raise self._peeked_report(p, at, hdr)
+
+    def check_reports(self, peer: int) -> None:
+        """End of a collective that received from ``peer``: raise if what follows its data is
+        its report that it gave up on this op (or an earlier one). A rank that comes to a
+        small op after its peers timed out waiting for it finds all their data waiting, with
+        those reports behind it, and would otherwise return the op's result although no
+        other rank completed the op (its next op would fail). A BYE or the end of the
+        stream there is a peer that completed the op and left: no error."""
+        p = self.peer(peer)
+        try:
+            found = self._peek_next(p, closed_raises=False)
+        except PeerError:
+            return  # a broken connection: the next op reports it
+        if found is not None:
+            at, hdr = found
+            if hdr.kind == ERROR and (hdr.seq == 0 or hdr.seq <= self.cur_seq):
+                raise self._peeked_report(p, at, hdr)
+
+    def _peek_next(self, p: Peer, closed_raises: bool) -> tuple[int, Header] | None:
+        """``p``'s next frame of this group after any STATE frames (where it said what it was
+        blocked in), if its header has arrived, and its offset; left in the socket. Looked at
+        only while no other thread reads the sockets (else the bytes peeked may be the middle
+        of a frame; the op's own thread reads whole frames)."""
+        raw = p.peek(PEEK_BYTES)  # headers only: the peer's data may be waiting
+        if not raw:
+            if raw is not None and closed_raises:
+                raise p._closed_error()
+            return None
+        if self._polling or self._reader not in (None, threading.current_thread()):
+            return None  # a reader may be inside a frame: the bytes peeked need not start one
+        at = 0
+        while len(raw) - at >= HEADER_SIZE:
+            try:
+                hdr = unpack_header(raw[at:at + HEADER_SIZE])
+            except FrameError:
+                return None  # a garbled one is the reader's to report
+            if hdr.group != self.group:
+                return None
+            if hdr.kind != STATE:
+                return at, hdr
+            at += HEADER_SIZE + hdr.length
+        return None  # not all there yet
+
+    def _peeked_report(self, p: Peer, at: int, hdr: Header) -> PeerError:
+        """The error that ``p``'s error frame ``hdr`` at ``at``, still in the socket, reports."""
+        start = at + HEADER_SIZE
+        raw = p.peek(start + min(hdr.length, MAX_ERROR_BYTES)) or b""
+        return self._reported(p, hdr, bytes(raw[start:]).decode("utf-8", "replace"))
 
     def flush(self, peers: Sequence[int], deadline: float | None = None,
               poll: bool = True) -> None:

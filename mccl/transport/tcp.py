@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import queue
+import select
 import socket
 import struct
 import sys
@@ -54,6 +55,7 @@ _NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", None)
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _PEEK = socket.MSG_PEEK | _DONTWAIT
+_POLL = getattr(select, "poll", None)  # macOS and Linux have it; elsewhere peek directly
 _TIMEOUTS = (BlockingIOError, TimeoutError)
 
 
@@ -124,6 +126,20 @@ def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(max(rcv, 0.001)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                     _timeval(max(SEND_TIMEOUT_FACTOR * timeout_s, 0.001)))
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a read would not block (data or the end of the stream): asked before a peek,
+    because an empty socket's peek costs a raised exception (about 5 us; this 1.4 us). A
+    fresh poll object each time: a shared one may not be polled from two threads at once."""
+    if _POLL is None:
+        return True
+    try:
+        p = _POLL()
+        p.register(sock, select.POLLIN)
+    except (ValueError, OSError):  # closed here: the read reports it
+        return True
+    return bool(p.poll(0))
 
 
 def byte_view(buf) -> memoryview:
@@ -345,6 +361,8 @@ class Peer:
     def peek(self, n: int) -> bytes | None:
         """Up to ``n`` waiting bytes, left in the socket (None: nothing waits; b"": the peer
         closed its side)."""
+        if not _readable(self.sock):
+            return None
         try:
             return self.sock.recv(n, _PEEK)
         except _TIMEOUTS:
