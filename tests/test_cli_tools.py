@@ -215,6 +215,16 @@ def test_bad_numbers_are_usage_errors(argv: tuple[str, str],
     assert f"argument {argv[0]}" in capsys.readouterr().err
 
 
+def test_a_cluster_of_one_host_is_a_usage_error() -> None:
+    """Before: --cluster --hosts 1 brought the host up, then a traceback from the ceiling
+    measurement, which needs a link between two hosts."""
+    from mccl.bench.__main__ import _plan
+
+    with pytest.raises(ValueError, match="--hosts must be at least 2 with --cluster"):
+        _plan(_parse("--cluster", "--hosts", "1", "--world-sizes", "2"))
+    _plan(_parse("--cluster", "--hosts", "2", "--world-sizes", "3"))  # ranks share hosts
+
+
 def test_lists_are_checked_and_deduplicated() -> None:
     """Before: --ops '' ran nothing and exited 0, --sizes ''/--backends '' fell back to the
     defaults, duplicates ran twice, and a factor near 1 listed 200k sizes."""

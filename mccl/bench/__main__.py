@@ -194,6 +194,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], li
     worlds = int_items(args.world_sizes, "--world-sizes", minimum=2)
     if args.queue < 1:
         raise ValueError(f"--queue must be at least 1, got {args.queue}")
+    if args.cluster and args.hosts == 1:
+        raise ValueError("--hosts must be at least 2 with --cluster (the ceiling is measured "
+                         "over the link between two hosts), got 1")
     for flag, path in (("--json", args.json), ("--png", args.png)):
         if path is not None:
             prepare_output(path, flag)
