@@ -91,7 +91,7 @@ def _faults(rank: int, world: int) -> dict:
         futs = [w1.get_future(), w2.get_future()]  # asked for before the failure
         threading.Timer(0.3, g_abort.abort).start()
         res = []
-        for w, fut in zip((w1, w2), futs):
+        for w, fut in zip((w1, w2), futs, strict=True):
             try:
                 w.wait()
                 res.append("no error")

@@ -292,11 +292,12 @@ class Mesh:
 
     def check_reports(self, peer: int) -> None:
         """End of a collective that received from ``peer``: raise if what follows its data is
-        its report that it gave up on this op (or an earlier one). A rank that comes to a
-        small op after its peers timed out waiting for it finds all their data waiting, with
-        those reports behind it, and would otherwise return the op's result although no
-        other rank completed the op (its next op would fail). A BYE or the end of the
-        stream there is a peer that completed the op and left: no error."""
+        its report that it gave up on this collective or an earlier one (a report numbered 0,
+        of a point-to-point op, may come after this op completed there). A rank that comes to
+        a small op after its peers timed out waiting for it finds all their data waiting,
+        with those reports behind it, and would otherwise return the op's result although no
+        other rank completed the op (its next op would fail). A BYE or the end of the stream
+        there is a peer that completed the op and left: no error."""
         p = self.peer(peer)
         try:
             found = self._peek_next(p, closed_raises=False)
@@ -304,7 +305,7 @@ class Mesh:
             return  # a broken connection: the next op reports it
         if found is not None:
             at, hdr = found
-            if hdr.kind == ERROR and (hdr.seq == 0 or hdr.seq <= self.cur_seq):
+            if hdr.kind == ERROR and 0 < hdr.seq <= self.cur_seq:
                 raise self._peeked_report(p, at, hdr)
 
     def _peek_next(self, p: Peer, closed_raises: bool) -> tuple[int, Header] | None:
