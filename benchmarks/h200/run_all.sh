@@ -137,20 +137,24 @@ stage_overlapcpu() {
         --steps 5 --json "$RES/overlap_cpu.json" --png "$RES/overlap_cpu.png"
 }
 
+# cluster_bench NAME HOSTS LIMIT_S BENCH_ARGS...: mccl vs gloo at 1M..256M on emulated 10 Gbit
+# hosts, one rank per host; results in $RES/NAME.{log,json,png}
+cluster_bench() {
+    local name=$1 n=$2 limit=$3
+    shift 3
+    run "$name" "$limit" "$PY" -m mccl.bench --cluster --hosts "$n" --world-sizes "$n" \
+        --rate 10gbit --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
+        "$@" --json "$RES/$name.json" --png "$RES/$name.png"
+}
+
 stage_cluster() {
     need_ip
     local n
     for n in 4 8; do
-        run "cluster10g_cpu_n$n" 200 "$PY" -m mccl.bench --cluster --hosts "$n" \
-            --world-sizes "$n" --rate 10gbit --ops all_reduce,all_gather,reduce_scatter \
-            --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
-            --json "$RES/cluster10g_cpu_n$n.json" --png "$RES/cluster10g_cpu_n$n.png"
+        cluster_bench "cluster10g_cpu_n$n" "$n" 200 --ops all_reduce,all_gather,reduce_scatter
     done
     for n in 4 8; do
-        run "cluster10g_cuda_n$n" 150 "$PY" -m mccl.bench --cluster --hosts "$n" \
-            --world-sizes "$n" --rate 10gbit --device cuda --ops all_reduce --min 1M \
-            --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
-            --json "$RES/cluster10g_cuda_n$n.json" --png "$RES/cluster10g_cuda_n$n.png"
+        cluster_bench "cluster10g_cuda_n$n" "$n" 150 --device cuda --ops all_reduce
     done
 }
 
@@ -158,10 +162,7 @@ stage_otherops() {
     need_ip
     local n
     for n in 4 8; do
-        run "otherops10g_cpu_n$n" 200 "$PY" -m mccl.bench --cluster --hosts "$n" \
-            --world-sizes "$n" --rate 10gbit --ops broadcast,all_to_all,sendrecv \
-            --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
-            --json "$RES/otherops10g_cpu_n$n.json" --png "$RES/otherops10g_cpu_n$n.png"
+        cluster_bench "otherops10g_cpu_n$n" "$n" 200 --ops broadcast,all_to_all,sendrecv
     done
 }
 
