@@ -6,8 +6,13 @@ import numpy as np
 import torch
 
 
-def train_ddp(rank: int, device: torch.device, steps: int = 4) -> list[np.ndarray]:
-    """Same init on every rank, rank-specific data, several buckets; returns the parameters."""
+def train_ddp(rank: int, device: torch.device, steps: int = 4,
+              uneven: bool = False) -> list[np.ndarray]:
+    """Same init on every rank, rank-specific data, several buckets; returns the parameters.
+    ``uneven``: rank r takes r more steps, under DDP's Join dividing by the ranks still in
+    (the reducer then waits on the Work of Join's all-reduce itself, in the backward pass)."""
+    import contextlib
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if device.type == "cuda":
@@ -20,11 +25,13 @@ def train_ddp(rank: int, device: torch.device, steps: int = 4) -> list[np.ndarra
               bucket_cap_mb=0.25)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(1000 + rank)
-    for _ in range(steps):
-        x = torch.randn(64, 128, generator=gen).to(device)
-        y = torch.randint(0, 10, (64,), generator=gen).to(device)
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    with (ddp.join(divide_by_initial_world_size=False) if uneven
+          else contextlib.nullcontext()):
+        for _ in range(steps + (rank if uneven else 0)):
+            x = torch.randn(64, 128, generator=gen).to(device)
+            y = torch.randint(0, 10, (64,), generator=gen).to(device)
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     return [p.detach().cpu().numpy().copy() for p in model.parameters()]

@@ -290,15 +290,16 @@ def test_queued_cuda_all_reduces_start_early_when_ready() -> None:
         assert early[r] == 4, early
 
 
-def _ddp(rank: int, world: int) -> list:
+def _ddp(rank: int, world: int, uneven: bool = False) -> list:
     from tests.ddp_model import train_ddp
 
-    return train_ddp(rank, _dev(rank), steps=4)
+    return train_ddp(rank, _dev(rank), steps=4, uneven=uneven)
 
 
-def test_ddp_on_cuda_matches_gloo() -> None:
-    mccl = run_ranks(_ddp, 2, timeout=240)
-    gloo = run_ranks(_ddp, 2, backend="gloo", timeout=240)
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "join_uneven"])
+def test_ddp_on_cuda_matches_gloo(uneven: bool) -> None:
+    mccl = run_ranks(_ddp, 2, uneven, timeout=240)
+    gloo = run_ranks(_ddp, 2, uneven, backend="gloo", timeout=240)
     for a, b in zip(mccl[0], gloo[0], strict=True):
         assert abs(a - b).max() <= 1e-5 * max(1.0, abs(b).max())
     for a, b in zip(mccl[0], mccl[1], strict=True):  # replicas stay identical
