@@ -253,7 +253,7 @@ def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Do two ops' tensors overlap in memory? (By byte range: receives into disjoint slices
     of one buffer, as an all-to-all or a halo exchange makes them, are independent.)"""
     theirs = [byte_span(y) for y in b]
-    return any(spans_meet(byte_span(x), s) for x in a for s in theirs)
+    return any(spans_meet(mine, s) for mine in map(byte_span, a) for s in theirs)
 
 
 class Engine:
