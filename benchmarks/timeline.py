@@ -158,12 +158,14 @@ def netstat() -> dict[str, int]:
 
 
 def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
-              backend: str = "mccl", addrs: list[str] | None = None) -> None:
+              backend: str = "mccl", addrs: list[str] | None = None,
+              barrier: bool = False) -> None:
     """One rank (run by run_ranks, group already up): warm up, then trace ``reps`` back-to-back
     ops of ``size`` bytes (all_gather: the gathered output, reduce_scatter: the full input, as
     the bench counts them) and write the trace to ``out``. With gloo the op times, the
     namespace's TCP counters and its sockets' TCP_INFO are recorded (found through ``addrs``,
-    the hosts' addresses; its chunks are not reachable)."""
+    the hosts' addresses; its chunks are not reachable). ``barrier``: every op starts after a
+    barrier on a separate gloo group, as each of the bench's one-op samples does."""
     import torch
     import torch.distributed as dist
 
@@ -174,6 +176,7 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
     run = {"all_reduce": lambda: dist.all_reduce(full),
            "all_gather": lambda: dist.all_gather_into_tensor(full, part),
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
+    tgroup = dist.new_group(backend="gloo") if barrier else None
     for _ in range(3):
         run()
     if backend == "mccl":
@@ -197,6 +200,8 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
     if sampler is not None:
         sampler.start()
     for i in range(reps):
+        if tgroup is not None:
+            dist.barrier(group=tgroup)
         events.append((now(), "start", i, 0))
         run()
         events.append((now(), "end", i, 0))
@@ -471,6 +476,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket in bytes (default: the cluster's)")
+    ap.add_argument("--barrier", action="store_true",
+                    help="start every op after a barrier on a separate gloo group, as the "
+                         "bench's one-op samples do (default: back to back)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--analyze", action="store_true",
@@ -493,12 +501,12 @@ def main() -> int:
         drops0, softnet0 = c.drops(), softnet_drops()
         addrs = [c.addr(i) for i in range(args.hosts)]
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
-                  args.backend, addrs, backend=args.backend, timeout=args.timeout,
+                  args.backend, addrs, args.barrier, backend=args.backend, timeout=args.timeout,
                   pg_timeout_s=PG_TIMEOUT_S, hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
         drops1, softnet1 = c.drops(), softnet_drops()
     summary = summarize(args.out, bps, link_bytes(args.op, size, args.hosts))
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
-                   tbf_burst=args.burst,
+                   tbf_burst=args.burst, barrier=args.barrier,
                    **{f"{where}_drops_during_run": {ns: count - drops0[where].get(ns, 0)
                                                     for ns, count in now.items()}
                       for where, now in drops1.items()},

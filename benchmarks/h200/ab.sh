@@ -3,7 +3,7 @@
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
 # (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
-# "--queue 4"; BURST the links' tbf bucket in bytes; TL_RUNS, TL_VARIANTS, TL_GLOO=1 the
+# "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes; TL_RUNS, TL_VARIANTS, TL_GLOO=1 the
 # timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
@@ -32,7 +32,7 @@ bench() {  # NAME WORLD BACKEND AB
     echo "[+$(( $(date +%s) - T0 ))s] $name n=$n $backend MCCL_AB=$ab" >>"$RES/summary.txt"
     MCCL_AB="$ab" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
         timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
-        --world-sizes "$n" --rate 10gbit --backends "$backend" --ops "$OPS" \
+        --world-sizes "$n" --rate "${RATE:-10gbit}" --backends "$backend" --ops "$OPS" \
         --device "$DEVICE" --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
         ${BURST:+--burst $BURST} ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
     grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
@@ -57,7 +57,7 @@ for v in ${TL_VARIANTS:-base:}; do
         out="$RES/timeline-$name-$op-$s"
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
             timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
-            --rate 10gbit --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
+            --rate "${RATE:-10gbit}" --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
             ${BURST:+--burst $BURST} \
             >"$out.log" 2>&1
         echo "timeline $name $op $s:" >>"$RES/summary.txt"

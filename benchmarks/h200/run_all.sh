@@ -15,6 +15,8 @@
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
 #             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
+#   cluster1g the cluster stage's CPU ops at 1 Gbit (issue #4's targets), 4 and 8 hosts, and
+#             small all-reduces on 4
 #   otherops  the same cluster, 4 and 8 hosts: broadcast, all_to_all, sendrecv 1M..256M, mccl vs
 #             gloo, CPU tensors
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
@@ -137,14 +139,15 @@ stage_overlapcpu() {
         --steps 5 --json "$RES/overlap_cpu.json" --png "$RES/overlap_cpu.png"
 }
 
-# cluster_bench NAME HOSTS LIMIT_S BENCH_ARGS...: mccl vs gloo at 1M..256M on emulated 10 Gbit
-# hosts, one rank per host; results in $RES/NAME.{log,json,png}
+# cluster_bench NAME HOSTS LIMIT_S BENCH_ARGS...: mccl vs gloo at 1M..256M on emulated hosts
+# (links of $RATE, default 10gbit), one rank per host; results in $RES/NAME.{log,json,png}.
+# Later BENCH_ARGS override the defaults (argparse keeps the last).
 cluster_bench() {
     local name=$1 n=$2 limit=$3
     shift 3
     run "$name" "$limit" "$PY" -m mccl.bench --cluster --hosts "$n" --world-sizes "$n" \
-        --rate 10gbit --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 --iters 10 \
-        "$@" --json "$RES/$name.json" --png "$RES/$name.png"
+        --rate "${RATE:-10gbit}" --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 \
+        --iters 10 "$@" --json "$RES/$name.json" --png "$RES/$name.png"
 }
 
 stage_cluster() {
@@ -156,6 +159,19 @@ stage_cluster() {
     for n in 4 8; do
         cluster_bench "cluster10g_cuda_n$n" "$n" 150 --device cuda --ops all_reduce
     done
+}
+
+stage_cluster1g() {
+    # Issue #4's targets at 1 Gbit on a machine whose cores are not the bottleneck (the 2-core
+    # development machine runs 4 ranks on 2 cores): all_reduce/all_gather/reduce_scatter at
+    # 1M..256M on 4 and 8 hosts, then small all-reduces (latency) on 4
+    need_ip
+    local n
+    for n in 4 8; do
+        RATE=1gbit cluster_bench "cluster1g_cpu_n$n" "$n" 240 \
+            --ops all_reduce,all_gather,reduce_scatter --warmup 1 --time-budget 2 --iters 5
+    done
+    RATE=1gbit cluster_bench cluster1g_latency_n4 4 90 --sizes 8,64,1K,8K,64K --iters 50
 }
 
 stage_otherops() {
