@@ -902,3 +902,29 @@ def test_a_peer_blocked_one_op_behind_on_a_third_rank_is_not_blamed() -> None:
     err = out.get("error")
     assert isinstance(err, PeerError) and err.culprit == 2, err
     mesh.dispose()
+
+
+def test_a_send_to_a_peer_whose_end_was_dropped_says_so() -> None:
+    """A peer process killed mid-stream resets the connection: the sender's error says what
+    that likely means, as a receive's does, not only the errno."""
+    import socket
+    import struct
+
+    from mccl.transport.tcp import Peer, tune_socket
+
+    mine, far = tcp_pair()
+    tune_socket(mine, 5.0)
+    far.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    mine.sendall(b"x" * 10)  # unread at the far end: closing it sends a reset
+    far.close()
+    time.sleep(0.1)
+    p = Peer(1, mine, 5.0, "test")
+    try:
+        for _ in range(100):
+            p._write(b"", np.ones(1 << 16, dtype=np.uint8))
+    except OSError as e:
+        p.send_error = e
+    assert p.send_error is not None
+    msg = str(p.send_failure())
+    assert "sending to rank 1 failed" in msg and "process exited or was killed?" in msg, msg
+    mine.close()

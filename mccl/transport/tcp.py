@@ -57,6 +57,8 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _PEEK = socket.MSG_PEEK | _DONTWAIT
 _POLL = getattr(select, "poll", None)  # macOS and Linux have it; elsewhere peek directly
 _TIMEOUTS = (BlockingIOError, TimeoutError)
+#: errnos of a connection its peer's end dropped (a killed process, a reboot)
+_RESETS = (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
 
 
 
@@ -341,6 +343,9 @@ class Peer:
             return PeerError(self.rank, f"rank {self.rank} accepted no data for "
                                         f"{SEND_TIMEOUT_FACTOR * self.timeout_s:.0f}s "
                                         "(twice the group timeout)")
+        if getattr(e, "errno", None) in _RESETS:
+            return PeerError(self.rank, f"sending to rank {self.rank} failed: the connection "
+                                        f"was reset (process exited or was killed?): {e}")
         return PeerError(self.rank, f"sending to rank {self.rank} failed: {e}")
 
     def stop(self) -> None:
@@ -401,7 +406,7 @@ class Peer:
             got += k
 
     def _conn_error(self, e: OSError) -> PeerError:
-        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+        if e.errno in _RESETS:
             return PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
                                         f"exited or was killed?): {e}")
         return PeerError(self.rank, f"connection to rank {self.rank} failed: {e}")
