@@ -265,6 +265,10 @@ def test_socket_ifname_unknown_interface_is_clear() -> None:
     with pytest.raises(ValueError, match="MCCL_SOCKET_IFNAME"):
         choose_address("no-such-if0", None)
     assert choose_address("lo", None) == "127.0.0.1"
+    # names the kernel would cut to an existing interface's name (at 15 bytes or a NUL)
+    for name in ("lo\0x", "lo" + "\0" * 14 + "x"):
+        with pytest.raises(ValueError, match="MCCL_SOCKET_IFNAME"):
+            choose_address(name, None)
 
 
 @pytest.mark.parametrize("seconds", [0, -1])

@@ -42,6 +42,8 @@ _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
 
 #: Linux names each boot of a machine; network namespaces (the emulated hosts) share it.
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: Longest interface name (IFNAMSIZ less its NUL, Linux and macOS alike).
+IFNAME_MAX_BYTES = 15
 #: Room for a string read with sysctlbyname (a UUID is 36 characters).
 SYSCTL_MAX_BYTES = 128
 
@@ -110,7 +112,9 @@ def _ifname_address(ifname: str) -> str | None:
         req = 0xC0206921
     else:
         return None
-    name = ifname.encode()[:15]
+    name = ifname.encode()
+    if not name or len(name) > IFNAME_MAX_BYTES or b"\0" in name:
+        return None  # the kernel would read a prefix of it: another interface's name
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         res = fcntl.ioctl(s.fileno(), req, struct.pack("16s24s", name, b"\0" * 24))
