@@ -6,6 +6,7 @@ script may set it before ``init_process_group``.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -50,6 +51,29 @@ def _flag(value: str | None, default: bool) -> bool:
     if v in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{UNIFIED_ENV}={value!r}: expected 0 or 1")
+
+
+#: Format of the stderr handler ``apply_log_level`` adds (ranks of one job often share it).
+LOG_FORMAT = "[mccl pid %(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+def apply_log_level(level: int | str) -> None:
+    """Set the "mccl" logger's level. Where MCCL_LOG_LEVEL asks for one and the application
+    has configured no logging (no handler on "mccl" or the root), also write the records to
+    stderr: otherwise Python shows only warnings and worse, and asking for DEBUG showed
+    nothing."""
+    logger = logging.getLogger("mccl")
+    logger.setLevel(level)
+    if not (os.environ.get(LOG_LEVEL_ENV) or "").strip():
+        return
+    configured = [h for h in logger.handlers + logging.getLogger().handlers
+                  if not isinstance(h, logging.NullHandler)]  # the library's own NullHandler
+    if configured:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.addHandler(handler)
+    logger.propagate = False  # a root handler the application adds later would repeat them
 
 
 def load() -> Config:

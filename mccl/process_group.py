@@ -142,7 +142,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         cfg = config.load()
-        logging.getLogger("mccl").setLevel(cfg.log_level)
+        config.apply_log_level(cfg.log_level)
         self._cfg = cfg
         self._timeout = timeout
         default = not global_ranks  # torch's default group (init_process_group)

@@ -372,3 +372,33 @@ def test_ranks_agree_on_the_chunk_cap() -> None:
     for r in res:
         assert all(r["ok"]), res
         assert r["caps"] == r["want"], res
+
+
+def test_log_level_from_the_environment_is_shown_without_logging_setup(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """MCCL_LOG_LEVEL=DEBUG in a script that configured no logging: the records reach stderr
+    (Python alone shows only warnings and worse); with the application's own handler they go
+    there instead, and without the variable nothing is added."""
+    import logging
+
+    from mccl import config
+
+    logger = logging.getLogger("mccl")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # no application setup
+    monkeypatch.setattr(logger, "handlers", [logging.NullHandler()])  # mccl/__init__.py's
+    monkeypatch.setattr(logger, "propagate", True)
+    monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.delenv(config.LOG_LEVEL_ENV, raising=False)
+    config.apply_log_level("WARNING")
+    assert len(logger.handlers) == 1
+    monkeypatch.setenv(config.LOG_LEVEL_ENV, "DEBUG")
+    config.apply_log_level(config.load().log_level)
+    config.apply_log_level(config.load().log_level)  # a second group adds no second handler
+    logging.getLogger("mccl.engine").debug("a debug line")
+    assert len(logger.handlers) == 2
+    err = capsys.readouterr().err
+    assert "DEBUG mccl.engine: a debug line" in err and err.count("a debug line") == 1, err
+    mine = logging.Handler()
+    monkeypatch.setattr(logger, "handlers", [mine])
+    config.apply_log_level("DEBUG")
+    assert logger.handlers == [mine]
