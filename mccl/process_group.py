@@ -41,6 +41,7 @@ from .transport.rendezvous import (
     choose_address,
     connect_mesh,
     cores_per_rank,
+    give_up,
     new_incarnation,
 )
 from .transport.tcp import PeerError
@@ -157,15 +158,22 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._group_name = group_name or ""
         timeout_s = _seconds(timeout)
         address = choose_address(cfg.socket_ifname, _master_addr(store))
-        if not default:  # the default group has every rank: no member list to disagree on
-            agree_members(store, self._global_ranks[rank], self._global_ranks, self._label,
-                          timeout_s)
-        # Agreed before any socket opens (it waits for every rank's key, as connecting does).
-        cores = cores_per_rank(store, rank, size, self._label, timeout_s)
-        cap = chunk_cap(cores)
-        log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label, cores,
-                 cap >> 10)
-        group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address)
+        try:
+            if not default:  # the default group has every rank: no member list to disagree on
+                agree_members(store, self._global_ranks[rank], self._global_ranks,
+                              self._label, timeout_s)
+            # Agreed before any socket opens (it waits for every rank's key, as connecting
+            # does).
+            cores = cores_per_rank(store, rank, size, self._label, timeout_s,
+                                   self._global_ranks)
+            cap = chunk_cap(cores)
+            log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label,
+                     cores, cap >> 10)
+            group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address,
+                                           self._global_ranks)
+        except Exception as e:
+            give_up(store, self._label, self._global_ranks[rank], e)
+            raise
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
         self._adapters: dict[str, Adapter] = {}

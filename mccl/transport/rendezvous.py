@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -31,6 +32,9 @@ log = logging.getLogger("mccl.rendezvous")
 
 #: How long one unauthenticated connection may take to say hello before it is dropped.
 HELLO_TIMEOUT_S = 5.0
+#: The key (in a group's namespace) where a rank that stopped waiting for the others
+#: leaves its reason for those still to come (``give_up``).
+GAVE_UP_KEY = "gave_up"
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
 LISTEN_BACKLOG = 128
@@ -55,10 +59,16 @@ class Store(Protocol):
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
-def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: float) -> None:
+def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: float,
+                members: Sequence[int] | None = None) -> None:
     """Wait (at most ``timeout_s``, the group's timeout: the store's own default is the
     default group's, 30 minutes unless set) until every rank in ``ranks`` has published its
-    ``{ns}{what}/{rank}`` key; the error names the ranks that did not."""
+    ``{ns}{what}/{rank}`` key; the error names the ranks that did not, and says so where one
+    of them had stopped waiting for the group before (``give_up``): it never got to publish
+    the keys a rank arriving later waits for, which would otherwise read as "did not join".
+    ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
+    the group (give-up notes are kept by global rank: ranks that disagree on the members of a
+    group of one name share its key space)."""
     keys = [f"{ns}{what}/{r}" for r in ranks]
     if not keys:
         return
@@ -69,8 +79,29 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
         if not missing:
             raise
         group = ns.rstrip("/").rsplit("/", 1)[-1]
+        notes = [_note(store, ns, members[r] if members else r) for r in missing]
+        said = "; ".join(f"rank {r}: {n}" for r, n in zip(missing, notes, strict=True) if n)
         raise TimeoutError(f"mccl group '{group}': rank(s) {missing} did not join within "
-                           f"{timeout_s:.0f}s (the group's timeout)") from e
+                           f"{timeout_s:.0f}s (the group's timeout)"
+                           + (f"; they had stopped waiting before: {said}" if said else "")
+                           ) from e
+
+
+def give_up(store: Store, group_name: str, global_rank: int, error: BaseException) -> None:
+    """Leave word, for the group's ranks still to come, that this rank stopped waiting for
+    the group and why (best effort: the store may be what failed)."""
+    try:
+        store.set(f"{namespace(group_name)}{GAVE_UP_KEY}/{global_rank}", str(error))
+    except Exception:  # noqa: BLE001
+        log.debug("could not leave the give-up note for group %s", group_name, exc_info=True)
+
+
+def _note(store: Store, ns: str, global_rank: int) -> str | None:
+    key = f"{ns}{GAVE_UP_KEY}/{global_rank}"
+    try:
+        return store.get(key).decode() if store.check([key]) else None
+    except Exception:  # noqa: BLE001 - a store that cannot tell
+        return None
 
 
 def _has(store: Store, key: str) -> bool:
@@ -161,12 +192,13 @@ def choose_address(ifname: str | None, master: str | None) -> str:
     return _route_address(master)
 
 
-def shared_secret(store: Store, ns: str, rank: int, timeout_s: float) -> bytes:
+def shared_secret(store: Store, ns: str, rank: int, timeout_s: float,
+                  members: Sequence[int] | None = None) -> bytes:
     key = ns + "secret/0"
     if rank == 0:
         store.set(key, secrets.token_hex(32))
     else:
-        await_ranks(store, ns, "secret", [0], timeout_s)
+        await_ranks(store, ns, "secret", [0], timeout_s, members)
     return bytes.fromhex(store.get(key).decode())
 
 
@@ -343,14 +375,16 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
 
 
 def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s: float,
-                 address: str) -> tuple[int, dict[int, socket.socket]]:
-    """Connect this rank to every other rank of the group; returns (group hash, sockets)."""
+                 address: str, members: Sequence[int] | None = None,
+                 ) -> tuple[int, dict[int, socket.socket]]:
+    """Connect this rank to every other rank of the group; returns (group hash, sockets).
+    ``members``: the group's global ranks (see ``await_ranks``)."""
     group = group_hash(group_name)
     if size == 1:
         return group, {}
     ns = namespace(group_name)
     deadline = time.monotonic() + timeout_s
-    secret = shared_secret(store, ns, rank, timeout_s)
+    secret = shared_secret(store, ns, rank, timeout_s, members)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind((address, 0))
@@ -360,7 +394,8 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         store.set(f"{ns}addr/{rank}", f"{address}:{port}")
         socks: dict[int, socket.socket] = {}
         try:
-            await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic())
+            await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic(),
+                        members)
             for peer in range(rank):
                 addr = store.get(f"{ns}addr/{peer}").decode()
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline)
@@ -448,11 +483,12 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
 
 
 def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
-              timeout_s: float) -> list[str]:
+              timeout_s: float, members: Sequence[int] | None = None) -> list[str]:
     """Publish ``value`` as ``{ns}{what}/{me}`` and return what the ranks ``others``
-    published there (waiting for them at most ``timeout_s``)."""
+    published there (waiting for them at most ``timeout_s``; ``members``: see
+    ``await_ranks``)."""
     store.set(f"{ns}{what}/{me}", value)
-    await_ranks(store, ns, what, others, timeout_s)
+    await_ranks(store, ns, what, others, timeout_s, members)
     keys = [f"{ns}{what}/{r}" for r in others]
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
@@ -482,7 +518,7 @@ def agree_members(store: Store, global_rank: int, members: list[int], group_name
 
 
 def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
-                   timeout_s: float) -> float:
+                   timeout_s: float, members: Sequence[int] | None = None) -> float:
     """The fewest cores any rank of the group can count on (``fewest_cores``): each rank
     publishes its ``machine_facts`` and reads everyone's, so every rank computes the same
     value. A key left by an earlier group of the same name holds the same rank's facts."""
@@ -491,7 +527,7 @@ def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
         return fewest_cores([mine])
     facts = [mine]
     for v in _exchange(store, namespace(group_name), "cores", rank, " ".join(map(str, mine)),
-                       [r for r in range(size) if r != rank], timeout_s):
+                       [r for r in range(size) if r != rank], timeout_s, members):
         machine, total, own = v.split()
         facts.append((machine, int(total), int(own)))
     return fewest_cores(facts)
