@@ -96,11 +96,20 @@ def socket_limits() -> dict[str, Any]:
 def capabilities() -> dict[str, Any]:
     """What this machine offers mccl; ``env_error`` names a bad mccl environment variable
     (every process group would refuse to start with it)."""
+    from .transport.rendezvous import choose_address
+
+    master = os.environ.get("MASTER_ADDR")
     try:
         cfg: config.Config | None = config.load()
         env_error = None
     except ValueError as exc:
         cfg, env_error = None, str(exc)
+    address = None
+    if cfg is not None:
+        try:  # the address every group would listen on
+            address = choose_address(cfg.socket_ifname, master)
+        except ValueError as exc:  # MCCL_SOCKET_IFNAME names no interface with IPv4 here
+            env_error = str(exc)
     mps_built = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_built())
     mps_avail = bool(mps_built and torch.backends.mps.is_available())
     has_alias = alias_api() is not None
@@ -117,9 +126,10 @@ def capabilities() -> dict[str, Any]:
     cuda = []
     if torch.cuda.is_available():
         cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    master = os.environ.get("MASTER_ADDR")
-    from .transport.rendezvous import _route_address
+    if address is None:
+        from .transport.rendezvous import _route_address
 
+        address = _route_address(master)
     return {
         "mccl": __version__,
         "python": sys.version.split()[0],
@@ -134,7 +144,7 @@ def capabilities() -> dict[str, Any]:
         "env": {k: os.environ.get(k) for k in config.ENV_DOCS},
         "env_error": env_error,
         "hostname": socket.gethostname(),
-        "address_to_master" if master else "default_address": _route_address(master),
+        "address_to_master" if master else "default_address": address,
         "interfaces": _interfaces(),
         "socket_limits": socket_limits(),
     }

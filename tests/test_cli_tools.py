@@ -378,7 +378,8 @@ def test_start_cluster_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 def test_doctor_checks_its_arguments_and_environment(tmp_path: Path) -> None:
     """Before: --world 0 passed, --json into a missing folder and a bad MCCL_* variable gave
-    tracebacks, and without MPS the hand-off read 'unified' as if MPS were here."""
+    tracebacks (an interface name that is none here: the self-test's, 30 lines), and without
+    MPS the hand-off read 'unified' as if MPS were here."""
     _one_line_error(_run("mccl", "doctor", "--world", "0"), 2, "argument --world")
     out = tmp_path / "x" / "y.json"
     res = _run("mccl", "doctor", "--no-selftest", "--json", str(out))
@@ -388,7 +389,8 @@ def test_doctor_checks_its_arguments_and_environment(tmp_path: Path) -> None:
 
     if not torch.backends.mps.is_available():
         assert "MPS hand-off: none here (no MPS device); on a Mac it would be" in res.stdout
-    for var, value in (("MCCL_UNIFIED_COLLECTIVE", "maybe"), ("MCCL_LOG_LEVEL", "chatty")):
+    for var, value in (("MCCL_UNIFIED_COLLECTIVE", "maybe"), ("MCCL_LOG_LEVEL", "chatty"),
+                       ("MCCL_SOCKET_IFNAME", "no-such-if0")):
         bad = _run("mccl", "doctor", env=dict(os.environ, **{var: value}))
         assert bad.returncode == 1 and "Traceback" not in bad.stdout + bad.stderr
         assert f"FAILED: bad mccl environment: {var}='{value}'" in bad.stdout
