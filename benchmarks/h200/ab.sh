@@ -3,8 +3,8 @@
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
 # (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
-# "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes; TL_RUNS, TL_VARIANTS, TL_GLOO=1 the
-# timelines):
+# "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes;
+# TL_RUNS, TL_VARIANTS, TL_GLOO=1 the timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
