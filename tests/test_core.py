@@ -402,3 +402,15 @@ def test_log_level_from_the_environment_is_shown_without_logging_setup(
     monkeypatch.setattr(logger, "handlers", [mine])
     config.apply_log_level("DEBUG")
     assert logger.handlers == [mine]
+
+
+def test_ranks_that_did_not_join_are_named_in_both_numberings() -> None:
+    """A subgroup's rendezvous waits by group rank, its member check by global rank: the
+    error says which, so "rank 1" of group [2, 5] is not mistaken for global rank 1."""
+    from mccl.transport.rendezvous import agree_members, await_ranks, namespace
+
+    store = torch.distributed.HashStore()
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] \(global \[5\]\) did not join"):
+        await_ranks(store, namespace("g"), "cores", [1], 0.2, members=[2, 5])
+    with pytest.raises(TimeoutError, match=r"global rank\(s\) \[2\] did not join"):
+        agree_members(store, 5, [2, 5], "g2", 0.2)

@@ -60,7 +60,7 @@ class Store(Protocol):
 
 
 def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: float,
-                members: Sequence[int] | None = None) -> None:
+                members: Sequence[int] | None = None, label: str = "rank(s)") -> None:
     """Wait (at most ``timeout_s``, the group's timeout: the store's own default is the
     default group's, 30 minutes unless set) until every rank in ``ranks`` has published its
     ``{ns}{what}/{rank}`` key; the error names the ranks that did not, and says so where one
@@ -68,7 +68,8 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
     the keys a rank arriving later waits for, which would otherwise read as "did not join".
     ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
     the group (give-up notes are kept by global rank: ranks that disagree on the members of a
-    group of one name share its key space)."""
+    group of one name share its key space; the error gives those too). ``label`` names what
+    ``ranks`` count ("global rank(s)" where they are global ranks)."""
     keys = [f"{ns}{what}/{r}" for r in ranks]
     if not keys:
         return
@@ -81,7 +82,10 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
         group = ns.rstrip("/").rsplit("/", 1)[-1]
         notes = [_note(store, ns, members[r] if members else r) for r in missing]
         said = "; ".join(f"rank {r}: {n}" for r, n in zip(missing, notes, strict=True) if n)
-        raise TimeoutError(f"mccl group '{group}': rank(s) {missing} did not join within "
+        who = f"{label} {missing}"
+        if members and any(members[r] != r for r in missing):
+            who += f" (global {[members[r] for r in missing]})"
+        raise TimeoutError(f"mccl group '{group}': {who} did not join within "
                            f"{timeout_s:.0f}s (the group's timeout)"
                            + (f"; they had stopped waiting before: {said}" if said else "")
                            ) from e
@@ -483,12 +487,13 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
 
 
 def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
-              timeout_s: float, members: Sequence[int] | None = None) -> list[str]:
+              timeout_s: float, members: Sequence[int] | None = None,
+              label: str = "rank(s)") -> list[str]:
     """Publish ``value`` as ``{ns}{what}/{me}`` and return what the ranks ``others``
-    published there (waiting for them at most ``timeout_s``; ``members``: see
+    published there (waiting for them at most ``timeout_s``; ``members``, ``label``: see
     ``await_ranks``)."""
     store.set(f"{ns}{what}/{me}", value)
-    await_ranks(store, ns, what, others, timeout_s, members)
+    await_ranks(store, ns, what, others, timeout_s, members, label)
     keys = [f"{ns}{what}/{r}" for r in others]
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
@@ -507,7 +512,7 @@ def agree_members(store: Store, global_rank: int, members: list[int], group_name
     mine = ",".join(map(str, members))
     others = [g for g in members if g != global_rank]
     lists = _exchange(store, namespace(group_name), "members", global_rank, mine, others,
-                      timeout_s)
+                      timeout_s, label="global rank(s)")
     for g, theirs in zip(others, lists, strict=True):
         if theirs != mine:
             raise ValueError(
