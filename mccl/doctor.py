@@ -30,6 +30,7 @@ from .bench.cli import CliError, at_least, check_device, report
 from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
+from .transport.rendezvous import _ifname_address, _route_address, choose_address
 
 SELFTEST_TIMEOUT_S = 180.0
 RING_ELEMS = 4 << 20  # 16 MB float32: the ring path, big enough to see a bandwidth
@@ -47,8 +48,6 @@ def best_device() -> str:
 
 
 def _interfaces() -> list[dict[str, Any]]:
-    from .transport.rendezvous import _ifname_address
-
     out = []
     try:
         names = [n for _, n in socket.if_nameindex()]
@@ -96,8 +95,6 @@ def socket_limits() -> dict[str, Any]:
 def capabilities() -> dict[str, Any]:
     """What this machine offers mccl; ``env_error`` names a bad mccl environment variable
     (every process group would refuse to start with it)."""
-    from .transport.rendezvous import choose_address
-
     master = os.environ.get("MASTER_ADDR")
     try:
         cfg: config.Config | None = config.load()
@@ -127,8 +124,6 @@ def capabilities() -> dict[str, Any]:
     if torch.cuda.is_available():
         cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     if address is None:
-        from .transport.rendezvous import _route_address
-
         address = _route_address(master)
     return {
         "mccl": __version__,
