@@ -10,8 +10,10 @@ import logging
 
 import torch.distributed as dist
 
+from .eager import run_eagerly
 from .errors import CollectiveError
 from .process_group import BACKEND_NAME, ProcessGroupMCCL, create
+from .work import GroupWork, Work
 
 __all__ = ["BACKEND_NAME", "CollectiveError", "ProcessGroupMCCL", "register"]
 __version__ = "0.1.0"
@@ -28,3 +30,4 @@ def register() -> None:
 
 
 register()
+run_eagerly(ProcessGroupMCCL, Work, GroupWork)  # torch.compile: see mccl/eager.py
