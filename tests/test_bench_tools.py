@@ -296,6 +296,34 @@ def test_cluster_removes_leftovers_of_a_crashed_run() -> None:
     assert cl.list_namespaces(first.ip, TEST_PREFIX) == []
 
 
+@pytest.mark.timeout(60)
+def test_cluster_hosts_run_the_congestion_control_asked_for() -> None:
+    """``cc``: every host's sockets default to it (not this machine's), the machine's list
+    of allowed ones is put back at down, and a name the kernel lacks is refused first."""
+    with pytest.raises(ValueError, match="congestion control"):
+        cl.Cluster(2, None, prefix=TEST_PREFIX, cc="cubic; rm")
+    c = cluster_or_skip(2, None, TEST_PREFIX)
+    with pytest.raises(cl.ClusterUnavailable, match="not available"):
+        cl.Cluster(2, None, prefix=TEST_PREFIX, cc="nosuchcc").check()
+    wanted = next((n for n in ("cubic", "reno") if n != cl.default_cc()), None)
+    if wanted not in cl.available_cc():
+        pytest.skip(f"no congestion control other than {cl.default_cc()!r} here")
+    allowed = Path(cl.CC_ALLOWED).read_text()
+    c = cl.Cluster(2, None, prefix=TEST_PREFIX, cc=wanted)
+    probe = ("import socket; s = socket.socket(); "
+             "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).strip(b'\\0')"
+             ".decode())")
+    try:
+        c.up()
+        assert c.describe()["cc"] == wanted
+        for i in range(2):
+            assert c.run(i, [sys.executable, "-c", probe], timeout=30).stdout.strip() == wanted
+    finally:
+        c.down()
+    assert Path(cl.CC_ALLOWED).read_text() == allowed
+    assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+
+
 # -- model ----------------------------------------------------------------------------------
 def test_model_fit_recovers_synthetic_parameters() -> None:
     alpha, bw = 80e-6, 1.15e8

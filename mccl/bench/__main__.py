@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst", type=parse_size, default=None, metavar="BYTES",
                    help="cluster tbf bucket, e.g. 128K (default: 1 ms at the rate, >= 128K; "
                         "a smaller bucket lets an idle link catch up less, as a switch port)")
+    p.add_argument("--cc", default=None, metavar="NAME",
+                   help="TCP congestion control of the cluster's hosts, e.g. cubic (default: "
+                        "this machine's; every backend and the ceiling use it)")
     p.add_argument("--ceiling-seconds", type=at_least(0.0, float), default=DEFAULT_CEILING_S,
                    help="duration of the TCP ceiling measurement (0 = skip)")
     p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=60.0,
@@ -232,7 +235,7 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
     try:
         if args.cluster:
             cluster = start_cluster(args.hosts or max(worlds), args.rate, args.prefix,
-                                    args.burst)
+                                    args.burst, args.cc)
         doc["network"] = ({"mode": "cluster", **cluster.describe()} if cluster
                           else {"mode": "loopback"})
         if args.ceiling_seconds > 0:
@@ -245,7 +248,8 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
         for world in worlds:
             for backend in backends:
                 if not args.quiet:
-                    where = f"cluster ({args.rate})" if cluster else "loopback"
+                    where = (f"cluster ({args.rate}, {cluster.describe()['cc'] or 'tcp'})"
+                             if cluster else "loopback")
                     print(f"running {backend} world_size={world} on {where}", file=sys.stderr)
                 job = JobResult(backend, world)
                 try:

@@ -128,13 +128,14 @@ def check_backends(names: Sequence[str], flag: str, usable: Sequence[str] | None
                        f"{', '.join(avail) or 'none'})")
 
 
-def start_cluster(hosts: int, rate: str, prefix: str, burst: int | None = None) -> Cluster:
+def start_cluster(hosts: int, rate: str, prefix: str, burst: int | None = None,
+                  cc: str | None = None) -> Cluster:
     """Bring an emulated cluster up for a run; any problem is a one-line CliError (status 2
     for a bad setting, 3 when no cluster can be had)."""
     from mccl.bench.cluster import Cluster, ClusterError, ClusterUnavailable
 
     try:
-        cluster = Cluster(hosts, rate, prefix=prefix, burst=burst)
+        cluster = Cluster(hosts, rate, prefix=prefix, burst=burst, cc=cc)
     except ValueError as exc:
         raise CliError(f"bad cluster setting: {exc}") from None
     try:

@@ -65,6 +65,15 @@ TBF_MIN_LIMIT = 1 << 20
 ETH_HEADER = 14
 TCPIP_HEADERS = 52
 CMD_TIMEOUT_S = 30.0
+#: TCP congestion control of a namespace (Linux >= 4.15 keeps it per network namespace; a new
+#: one starts with the machine's). ``Cluster(cc=...)`` sets it in every host, so a run can
+#: emulate hosts whose kernel differs from this machine's (BBR here, CUBIC on most Linux
+#: distributions), for every backend and the ceiling alike.
+CC_SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
+CC_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+#: A namespace other than the first may only pick one of these; the cluster adds its ``cc``
+#: for the run and puts the list back at ``down`` (it is the machine's, not a namespace's).
+CC_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 # Who owns a prefix: a live owner means another run is using it (do not tear it down); a dead
 # one means whatever exists is a crashed run's leftovers (remove them). A run records its pid
 # before it makes anything, so namespaces with no owner recorded, or PERSISTENT_OWNER, were
@@ -134,6 +143,24 @@ def tbf_spec(bits_per_s: int, burst: int | None = None) -> str:
     """The tc arguments after 'root' for one shaped link direction."""
     burst, limit = tbf_params(bits_per_s, burst)
     return f"tbf rate {bits_per_s}bit burst {burst} limit {limit}"
+
+
+def _read_proc(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def default_cc() -> str:
+    """This machine's TCP congestion control ("" where it cannot be read)."""
+    return _read_proc(CC_SYSCTL)
+
+
+def available_cc() -> list[str]:
+    """The congestion controls this kernel has loaded."""
+    return _read_proc(CC_AVAILABLE).split()
 
 
 def tcp_payload_ceiling(bits_per_s: int, mtu: int = DEFAULT_MTU) -> float:
@@ -334,7 +361,8 @@ class Cluster:
     def __init__(self, hosts: int = DEFAULT_HOSTS, rate: str | int | None = DEFAULT_RATE, *,
                  prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
                  mtu: int = DEFAULT_MTU, ip_bin: str | None = None,
-                 tc_bin: str | None = None, burst: int | None = None) -> None:
+                 tc_bin: str | None = None, burst: int | None = None,
+                 cc: str | None = None) -> None:
         if not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts must be in 1..{MAX_HOSTS}, got {hosts}")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
@@ -348,6 +376,9 @@ class Cluster:
         if self.rate_bps:
             tbf_params(self.rate_bps, burst)  # a bad burst fails here, before anything is made
         self.burst = burst
+        if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
+            raise ValueError(f"cc must name a TCP congestion control (e.g. cubic), got {cc!r}")
+        self.cc = cc
         self.prefix = prefix
         self.subnet = subnet
         self.mtu = mtu
@@ -359,6 +390,7 @@ class Cluster:
         self._made = False  # up() got past its ownership checks: down() may remove the prefix
         self.bringup_s: float | None = None
         self._procs: list[subprocess.Popen[Any]] = []
+        self._allowed_before: str | None = None  # the machine's list, while cc is added to it
 
     # -- naming -------------------------------------------------------------------------
     @property
@@ -384,7 +416,7 @@ class Cluster:
         out: dict[str, Any] = {"hosts": self.n_hosts, "rate": format_rate(self.rate_bps),
                                "rate_bps": self.rate_bps, "mtu": self.mtu,
                                "addrs": [f"{self.subnet}.{i + 1}" for i in range(self.n_hosts)],
-                               "bringup_s": self.bringup_s}
+                               "bringup_s": self.bringup_s, "cc": self.cc or default_cc()}
         if self.rate_bps:
             burst, limit = tbf_params(self.rate_bps, self.burst)
             out.update(tbf_burst=burst, tbf_limit=limit, tbf=tbf_spec(self.rate_bps, self.burst),
@@ -415,6 +447,9 @@ class Cluster:
         """Raise ClusterUnavailable with a one-line reason if up() cannot work here."""
         check_available(self.ip, self.tc, need_tc=self.rate_bps is not None,
                         **self._tools_asked)
+        if self.cc is not None and self.cc not in available_cc():
+            raise ClusterUnavailable(f"congestion control {self.cc!r} is not available here "
+                                     f"(available: {' '.join(available_cc()) or 'unknown'})")
 
     def up(self, persist: bool = False) -> Cluster:
         """Create namespaces, veths, bridge, addresses and shaping; replaces leftovers of a
@@ -478,7 +513,37 @@ class Cluster:
             for h in self.hosts:
                 jobs.append(([self.tc, "-n", h, "-batch", "-"],
                              f"qdisc replace dev {HOST_IFACE} {qd}\n"))
+        if self.cc is not None:  # /proc/sys/net is the writing process's namespace's
+            self._allow_cc()
+            jobs += [([ip, "netns", "exec", h, "sh", "-c", f"cat > {CC_SYSCTL}"], self.cc + "\n")
+                     for h in self.hosts]
         _run_batches(jobs, "configuring links")
+
+    def _allow_cc(self) -> None:
+        """Let the hosts pick ``cc``: add it to the machine's allowed list (``down`` restores
+        the list)."""
+        allowed = _read_proc(CC_ALLOWED).split()
+        if self.cc in allowed:
+            return
+        self._allowed_before = " ".join(allowed)
+        try:
+            with open(CC_ALLOWED, "w") as f:
+                f.write(" ".join([*allowed, str(self.cc)]) + "\n")
+        except OSError as e:
+            self._allowed_before = None
+            raise ClusterUnavailable(f"cannot allow congestion control {self.cc!r} in the "
+                                     f"hosts: {e.strerror}") from None
+
+    def _restore_allowed_cc(self) -> None:
+        if self._allowed_before is None:
+            return
+        try:
+            with open(CC_ALLOWED, "w") as f:
+                f.write(self._allowed_before + "\n")
+        except OSError as e:
+            log.warning("could not restore %s to %r: %s", CC_ALLOWED, self._allowed_before,
+                        e.strerror)
+        self._allowed_before = None
 
     def down(self) -> None:
         """Kill our processes in the namespaces and delete all namespaces of the prefix, if
@@ -486,6 +551,7 @@ class Cluster:
         for proc in self._procs:
             kill_tree(proc)
         self._procs.clear()
+        self._restore_allowed_cc()
         if (self._made and self.ip is not None and sys.platform.startswith("linux")
                 and os.geteuid() == 0):
             if owner_pid(self.prefix) is None:  # never tear down another live run's cluster

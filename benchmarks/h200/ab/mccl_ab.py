@@ -42,7 +42,9 @@ part is then wrong); ``peer_check=0`` skips ``Mesh.check_open`` (a collective's 
 to each peer looks for its end of stream since the seventeenth session; p2p sends before);
 ``a2a_pairwise=N``: all_to_all queues its sends a step at a time from N bytes to one peer
 (``direct.ALL_TO_ALL_PAIRWISE_BYTES``; a huge N: all at once, as before the twenty-second
-session).
+session); ``sockbuf=N``: the SO_SNDBUF/SO_RCVBUF every data socket asks for
+(``tcp.SOCKET_BUFFER_BYTES``; above the kernel's rmem_max/wmem_max, e.g. 1099511627776, none
+is asked for and the kernel's autotuning sizes them).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ _CONSTANTS = {
     "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
     "rs_spares": ("mccl.algorithms.ring", "REDUCE_SCATTER_SPARES"),
     "a2a_pairwise": ("mccl.algorithms.direct", "ALL_TO_ALL_PAIRWISE_BYTES"),
+    "sockbuf": ("mccl.transport.tcp", "SOCKET_BUFFER_BYTES"),
 }
 
 
