@@ -8,6 +8,13 @@ it the group is an opaque object whose private members are unknown) and raises, 
 step of a compiled DDP model failed. Marking the code of these entry points "skip, with every
 frame it calls" makes dynamo run them as plain Python, as it runs gloo's C++.
 
+Compiled user code can also reach them through a Python object it was handed (a Work passed
+into a compiled function): dynamo would then inline ``Work.wait`` and get as far as the op's
+state at that moment allowed, so ranks compiled different graphs (one with the wait traced
+away) and issued different collectives. The functions also carry the flag of functions
+wrapped in ``torch.compiler.disable``: dynamo never inlines them but breaks the graph there (a
+``fullgraph=True`` compile fails on every rank alike, as with gloo's C++ Work).
+
 The mark is dynamo's own per-code setting (``torch._dynamo.skip`` uses it, non-recursively),
 set through its C hook: no import of ``torch._dynamo`` (over a second per process here) and no
 cost per call, unlike wrapping every method in ``torch.compiler.disable``. It is private to
@@ -21,6 +28,9 @@ import types
 from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
+
+#: Why, in dynamo's graph-break message for a call into mccl from compiled code.
+DISABLED_BECAUSE = "mccl's process group and Work run in Python outside compiled graphs"
 
 try:  # torch >= 2.11 (private: dynamo's C frame hook)
     from torch._C._dynamo.eval_frame import (
@@ -50,4 +60,6 @@ def run_eagerly(*classes: type) -> bool:
     for cls in classes:
         for _, fn in _entry_points(cls):
             set_code_exec_strategy(fn.__code__, skip)
+            fn._torchdynamo_disable = True  # type: ignore[attr-defined]
+            fn._torchdynamo_disable_msg = DISABLED_BECAUSE  # type: ignore[attr-defined]
     return True

@@ -198,3 +198,33 @@ def test_compiled_ddp_matches_gloo() -> None:
         torch.testing.assert_close(torch.tensor(r["mccl"]), torch.tensor(r["gloo"]),
                                    rtol=1e-5, atol=1e-6)
         assert r["state_diff"] < 1e-5
+
+
+def _work_in_fullgraph(rank: int, world: int) -> dict:
+    t = torch.full((4,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()  # done on every rank: dynamo used to trace straight through a finished wait
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def doubled_after(w, x):
+        w.wait()
+        return x * 2
+
+    try:
+        doubled_after(work, t)
+        outcome = "compiled"
+    except Exception as e:  # noqa: BLE001 - the outcome is what the test compares
+        outcome = f"{type(e).__name__}: {'disable' in str(e)}"
+    after = torch.full((3,), float(rank))
+    dist.all_reduce(after)  # the group is still in step
+    return {"outcome": outcome, "t": t.tolist(), "after": after.tolist()}
+
+
+def test_work_handed_to_a_fullgraph_compile_is_refused_on_every_rank() -> None:
+    """Dynamo must not inline mccl's ``Work.wait``: whether that trace got through depended on
+    whether the op had finished on that rank, so ranks compiled different graphs and issued
+    different collectives. Now it is refused alike on every rank, as gloo's C++ Work is."""
+    results = run_ranks(_work_in_fullgraph, 2, timeout=150)
+    for r in results:
+        assert r["outcome"] == "Unsupported: True", r["outcome"]
+        assert r["t"] == [3.0] * 4 and r["after"] == [1.0] * 3
