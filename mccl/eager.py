@@ -18,7 +18,7 @@ wrapped in ``torch.compiler.disable``: dynamo never inlines them but breaks the 
 The mark is dynamo's own per-code setting (``torch._dynamo.skip`` uses it, non-recursively),
 set through its C hook: no import of ``torch._dynamo`` (over a second per process here) and no
 cost per call, unlike wrapping every method in ``torch.compiler.disable``. It is private to
-torch (present in 2.11 and 2.13); a build without it leaves the methods unmarked.
+torch (present in 2.11 and 2.13); a build without it leaves the frames unmarked.
 """
 
 from __future__ import annotations
@@ -51,15 +51,17 @@ def _entry_points(cls: type) -> Iterable[tuple[str, types.FunctionType]]:
 
 def run_eagerly(*classes: type) -> bool:
     """Mark every method the classes define to run outside torch.compile's tracing, with all
-    it calls; False where this torch has no per-code mark."""
-    if set_code_exec_strategy is None:
-        log.debug("mccl: this torch has no per-code dynamo mark; compiled code that calls "
-                  "back into the process group will fail there")
-        return False
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    it calls, and never to be inlined into a compiled graph; False where this torch has no
+    per-code mark (the flag against inlining is set anyway)."""
+    skip = (None if set_code_exec_strategy is None
+            else _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     for cls in classes:
         for _, fn in _entry_points(cls):
-            set_code_exec_strategy(fn.__code__, skip)
             fn._torchdynamo_disable = True  # type: ignore[attr-defined]
             fn._torchdynamo_disable_msg = DISABLED_BECAUSE  # type: ignore[attr-defined]
-    return True
+            if skip is not None:
+                set_code_exec_strategy(fn.__code__, skip)
+    if skip is None:
+        log.debug("mccl: this torch has no per-code dynamo mark; compiled code that calls "
+                  "back into the process group will fail there")
+    return skip is not None

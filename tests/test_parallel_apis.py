@@ -228,3 +228,18 @@ def test_work_handed_to_a_fullgraph_compile_is_refused_on_every_rank() -> None:
     for r in results:
         assert r["outcome"] == "Unsupported: True", r["outcome"]
         assert r["t"] == [3.0] * 4 and r["after"] == [1.0] * 3
+
+
+def test_methods_keep_the_inlining_flag_without_dynamos_per_code_mark(monkeypatch) -> None:
+    """A torch without the private per-code mark still gets the flag that stops dynamo from
+    inlining (``run_eagerly`` then says it could not mark the frames)."""
+    from mccl import eager
+
+    class Probe:
+        def method(self) -> int:
+            return 1
+
+    monkeypatch.setattr(eager, "set_code_exec_strategy", None)
+    assert eager.run_eagerly(Probe) is False
+    assert Probe.method._torchdynamo_disable is True
+    assert "mccl" in Probe.method._torchdynamo_disable_msg
