@@ -248,7 +248,7 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
         for world in worlds:
             for backend in backends:
                 if not args.quiet:
-                    where = (f"cluster ({args.rate}, {cluster.describe()['cc'] or 'tcp'})"
+                    where = (f"cluster ({args.rate}, {doc['network']['cc'] or 'tcp'})"
                              if cluster else "loopback")
                     print(f"running {backend} world_size={world} on {where}", file=sys.stderr)
                 job = JobResult(backend, world)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .report import parse_size, plural
+from .report import CC_PATH, default_cc, parse_size, plural, read_proc
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,10 @@ TBF_MIN_LIMIT = 1 << 20
 ETH_HEADER = 14
 TCPIP_HEADERS = 52
 CMD_TIMEOUT_S = 30.0
-#: TCP congestion control of a namespace (Linux >= 4.15 keeps it per network namespace; a new
-#: one starts with the machine's). ``Cluster(cc=...)`` sets it in every host, so a run can
-#: emulate hosts whose kernel differs from this machine's (BBR here, CUBIC on most Linux
-#: distributions), for every backend and the ceiling alike.
-CC_SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
+#: The congestion controls the kernel has. ``Cluster(cc=...)`` sets one as every host's
+#: (``report.CC_PATH``: Linux >= 4.15 keeps it per network namespace, a new one starts with
+#: the machine's), so a run can emulate hosts whose kernel differs from this machine's (BBR
+#: here, CUBIC on most Linux distributions), for every backend and the ceiling alike.
 CC_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 #: A namespace other than the first may only pick one of these; the cluster adds its ``cc``
 #: for the run and puts the list back at ``down`` (it is the machine's, not a namespace's).
@@ -145,22 +144,9 @@ def tbf_spec(bits_per_s: int, burst: int | None = None) -> str:
     return f"tbf rate {bits_per_s}bit burst {burst} limit {limit}"
 
 
-def _read_proc(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def default_cc() -> str:
-    """This machine's TCP congestion control ("" where it cannot be read)."""
-    return _read_proc(CC_SYSCTL)
-
-
 def available_cc() -> list[str]:
     """The congestion controls this kernel has loaded."""
-    return _read_proc(CC_AVAILABLE).split()
+    return read_proc(CC_AVAILABLE).split()
 
 
 def tcp_payload_ceiling(bits_per_s: int, mtu: int = DEFAULT_MTU) -> float:
@@ -515,14 +501,14 @@ class Cluster:
                              f"qdisc replace dev {HOST_IFACE} {qd}\n"))
         if self.cc is not None:  # /proc/sys/net is the writing process's namespace's
             self._allow_cc()
-            jobs += [([ip, "netns", "exec", h, "sh", "-c", f"cat > {CC_SYSCTL}"], self.cc + "\n")
+            jobs += [([ip, "netns", "exec", h, "sh", "-c", f"cat > {CC_PATH}"], self.cc + "\n")
                      for h in self.hosts]
         _run_batches(jobs, "configuring links")
 
     def _allow_cc(self) -> None:
         """Let the hosts pick ``cc``: add it to the machine's allowed list (``down`` restores
         the list)."""
-        allowed = _read_proc(CC_ALLOWED).split()
+        allowed = read_proc(CC_ALLOWED).split()
         if self.cc in allowed:
             return
         self._allowed_before = " ".join(allowed)

@@ -105,12 +105,29 @@ def machine_info() -> dict[str, Any]:
                     info["cpu"] = line.split(":", 1)[1].strip()
                     break
             info["kernel"] = platform.release()
-            # the congestion control shapes how a flow rides out reordering and loss
-            info["tcp_congestion_control"] = Path(
-                "/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
         except OSError:
             pass
+        if cc := default_cc():  # it shapes how a flow rides out reordering and loss
+            info["tcp_congestion_control"] = cc
     return info
+
+
+#: This machine's (or, read inside one, a network namespace's) TCP congestion control.
+CC_PATH = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+
+def read_proc(path: str) -> str:
+    """A /proc file's text, stripped; "" where it cannot be read (not Linux)."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def default_cc() -> str:
+    """This machine's TCP congestion control ("" where it cannot be read)."""
+    return read_proc(CC_PATH)
 
 
 def pct_of(value_gbs: float | None, ceiling_bps: float | None) -> float | None:
