@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from mccl.bench.cli import STEERING_HELP, steering  # noqa: E402
 from mccl.bench.report import parse_size  # noqa: E402
 from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
 
@@ -476,9 +477,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket in bytes (default: the cluster's)")
+    ap.add_argument("--cc", default=None,
+                    help="every host's TCP congestion control, e.g. cubic (default: the "
+                         "machine's)")
     ap.add_argument("--barrier", action="store_true",
                     help="start every op after a barrier on a separate gloo group, as the "
                          "bench's one-op samples do (default: back to back)")
+    ap.add_argument("--rx-steering", choices=("auto", "on", "off"), default="auto",
+                    help=STEERING_HELP)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--analyze", action="store_true",
@@ -496,7 +502,8 @@ def main() -> int:
     from mccl.bench.ceiling import measure_ceiling
     from mccl.bench.cluster import Cluster
 
-    with Cluster(args.hosts, args.rate, burst=args.burst) as c:
+    with Cluster(args.hosts, args.rate, burst=args.burst, cc=args.cc,
+                 steer=steering(args.rx_steering)) as c:
         bps = measure_ceiling(c)["bytes_per_s"]
         drops0, softnet0 = c.drops(), softnet_drops()
         addrs = [c.addr(i) for i in range(args.hosts)]
@@ -506,7 +513,8 @@ def main() -> int:
         drops1, softnet1 = c.drops(), softnet_drops()
     summary = summarize(args.out, bps, link_bytes(args.op, size, args.hosts))
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
-                   tbf_burst=args.burst, barrier=args.barrier,
+                   tbf_burst=args.burst, barrier=args.barrier, cc=c.cc,
+                   rx_steering=c.steer,
                    **{f"{where}_drops_during_run": {ns: count - drops0[where].get(ns, 0)
                                                     for ns, count in now.items()}
                       for where, now in drops1.items()},

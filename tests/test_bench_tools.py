@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -321,6 +322,41 @@ def test_cluster_hosts_run_the_congestion_control_asked_for() -> None:
     finally:
         c.down()
     assert Path(cl.CC_ALLOWED).read_text() == allowed
+    assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+
+
+def test_rps_mask_names_every_cpu() -> None:
+    assert cl.rps_mask(1) == "1"
+    assert cl.rps_mask(16) == "ffff"
+    assert cl.rps_mask(33) == "1,ffffffff"
+    assert cl.rps_mask(64) == "ffffffff,ffffffff"
+    # by default shaped links are steered, unshaped ones (CPU-bound) are not
+    assert cl.Cluster(2, "1gbit").steer and not cl.Cluster(2, None).steer
+    assert not cl.Cluster(2, "1gbit", steer=False).steer and cl.Cluster(2, None, steer=True).steer
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("steer", [True, False])
+def test_cluster_steers_each_links_receive_as_asked(steer: bool) -> None:
+    """``steer``: every veth end (each host's and each switch port) hands its received
+    packets to the CPU its flow hashes to (RPS over every CPU), so no flow is reordered;
+    without it they are left to the CPU that sent them (an empty mask)."""
+    cluster_or_skip(2, None, TEST_PREFIX)
+    c = cl.Cluster(2, "1gbit", prefix=TEST_PREFIX, steer=steer)
+    want = (1 << (os.cpu_count() or 1)) - 1 if steer else 0
+    try:
+        c.up()
+        assert c.describe()["rx_steering"] is steer
+        ends = [(h, cl.HOST_IFACE) for h in c.hosts] + [(c.switch, f"p{i}") for i in range(2)]
+        for ns, dev in ends:
+            out = subprocess.run([c.ip, "netns", "exec", ns, "sh", "-c",
+                                  f"cat {cl.RPS_GLOB.format(dev=dev)}"],
+                                 capture_output=True, text=True, timeout=30)
+            masks = out.stdout.split()
+            assert out.returncode == 0 and masks, (ns, dev, out.stderr)
+            assert [int(m.replace(",", ""), 16) for m in masks] == [want] * len(masks), (ns, dev)
+    finally:
+        c.down()
     assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
 
 

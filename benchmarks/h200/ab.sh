@@ -4,7 +4,9 @@
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
 # (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
 # "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes;
-# TL_RUNS, TL_VARIANTS, TL_GLOO=1 the timelines):
+# TCP_CC every host's TCP congestion control (default: the machine's); STEER=on RPS on every
+# link (bench --rx-steering); TL_RUNS, TL_VARIANTS,
+# TL_GLOO=1 the timelines):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -34,7 +36,7 @@ bench() {  # NAME WORLD BACKEND AB
         timeout --kill-after=10 "$lim" "$PY" -m mccl.bench --cluster --hosts "$n" \
         --world-sizes "$n" --rate "${RATE:-10gbit}" --backends "$backend" --ops "$OPS" \
         --device "$DEVICE" --sizes "$SIZES" --warmup 2 --time-budget 1 --iters 10 --ceiling-seconds 2 \
-        ${BURST:+--burst $BURST} ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
+        ${BURST:+--burst $BURST} ${TCP_CC:+--cc $TCP_CC} ${STEER:+--rx-steering $STEER} ${BENCH_ARGS:-} --json "$RES/$name-n$n.json" >"$RES/$name-n$n.log" 2>&1
     grep -E "busbw" "$RES/$name-n$n.log" | sed "s/^/    /" >>"$RES/summary.txt"
 }
 for n in $WORLDS; do
@@ -58,7 +60,7 @@ for v in ${TL_VARIANTS:-base:}; do
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
             timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
             --rate "${RATE:-10gbit}" --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
-            ${BURST:+--burst $BURST} \
+            ${BURST:+--burst $BURST} ${TCP_CC:+--cc $TCP_CC} ${STEER:+--rx-steering $STEER} \
             >"$out.log" 2>&1
         echo "timeline $name $op $s:" >>"$RES/summary.txt"
         "$PY" - "$out/summary.json" >>"$RES/summary.txt" 2>&1 <<'PYEOF'

@@ -140,14 +140,15 @@ stage_overlapcpu() {
 }
 
 # cluster_bench NAME HOSTS LIMIT_S BENCH_ARGS...: mccl vs gloo at 1M..256M on emulated hosts
-# (links of $RATE, default 10gbit), one rank per host; results in $RES/NAME.{log,json,png}.
+# (links of $RATE, default 10gbit; every host on the congestion control $TCP_CC if set, else
+# the machine's), one rank per host; results in $RES/NAME.{log,json,png}.
 # Later BENCH_ARGS override the defaults (argparse keeps the last).
 cluster_bench() {
     local name=$1 n=$2 limit=$3
     shift 3
     run "$name" "$limit" "$PY" -m mccl.bench --cluster --hosts "$n" --world-sizes "$n" \
         --rate "${RATE:-10gbit}" --min 1M --max 256M --factor 4 --warmup 2 --time-budget 1 \
-        --iters 10 "$@" --json "$RES/$name.json" --png "$RES/$name.png"
+        --iters 10 ${TCP_CC:+--cc "$TCP_CC"} "$@" --json "$RES/$name.json" --png "$RES/$name.png"
 }
 
 stage_cluster() {

@@ -18,6 +18,7 @@ from typing import Any
 
 from mccl.bench.cli import (
     INTERRUPTED,
+    STEERING_HELP,
     CliError,
     at_least,
     check_backends,
@@ -27,6 +28,7 @@ from mccl.bench.cli import (
     interrupt_on_sigterm,
     report,
     start_cluster,
+    steering,
 )
 from mccl.bench.ops import OPS, canonical_op
 from mccl.bench.report import (
@@ -97,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cc", default=None, metavar="NAME",
                    help="TCP congestion control of the cluster's hosts, e.g. cubic (default: "
                         "this machine's; every backend and the ceiling use it)")
+    p.add_argument("--rx-steering", choices=("auto", "on", "off"), default="auto",
+                   help=STEERING_HELP)
     p.add_argument("--ceiling-seconds", type=at_least(0.0, float), default=DEFAULT_CEILING_S,
                    help="duration of the TCP ceiling measurement (0 = skip)")
     p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=60.0,
@@ -235,7 +239,7 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
     try:
         if args.cluster:
             cluster = start_cluster(args.hosts or max(worlds), args.rate, args.prefix,
-                                    args.burst, args.cc)
+                                    args.burst, args.cc, steering(args.rx_steering))
         doc["network"] = ({"mode": "cluster", **cluster.describe()} if cluster
                           else {"mode": "loopback"})
         if args.ceiling_seconds > 0:

@@ -86,6 +86,17 @@ def int_items(text: str, flag: str, minimum: int) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def steering(choice: str) -> bool | None:
+    """``--rx-steering``'s value for ``Cluster(steer=...)``: on, off, or auto (None)."""
+    return {"on": True, "off": False, "auto": None}[choice]
+
+
+#: ``--rx-steering``'s help, shared by the tools that bring a cluster up.
+STEERING_HELP = ("steer every link's received packets to one CPU per flow (Linux RPS), so a "
+                 "flow arrives in order as through a real NIC; auto (default): on shaped links, "
+                 "off on unshaped ones, where it costs the CPU being measured")
+
+
 def check_device(device: str, flag: str = "--device") -> None:
     """Refuse a tensor device this torch cannot use here (every rank would crash on it)."""
     import torch
@@ -129,13 +140,14 @@ def check_backends(names: Sequence[str], flag: str, usable: Sequence[str] | None
 
 
 def start_cluster(hosts: int, rate: str, prefix: str, burst: int | None = None,
-                  cc: str | None = None) -> Cluster:
-    """Bring an emulated cluster up for a run; any problem is a one-line CliError (status 2
+                  cc: str | None = None, steer: bool | None = None) -> Cluster:
+    """Bring an emulated cluster up for a run (``steer``: see ``Cluster``; None: on shaped
+    links); any problem is a one-line CliError (status 2
     for a bad setting, 3 when no cluster can be had)."""
     from mccl.bench.cluster import Cluster, ClusterError, ClusterUnavailable
 
     try:
-        cluster = Cluster(hosts, rate, prefix=prefix, burst=burst, cc=cc)
+        cluster = Cluster(hosts, rate, prefix=prefix, burst=burst, cc=cc, steer=steer)
     except ValueError as exc:
         raise CliError(f"bad cluster setting: {exc}") from None
     try:
