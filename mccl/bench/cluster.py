@@ -5,8 +5,9 @@ neither a realistic rate nor a shared uplink. Each emulated host is a network na
 (``<prefix>-h<i>``) with one veth (``eth0``) plugged into a Linux bridge that lives in its own
 switch namespace (``<prefix>-sw``). Both directions of every link are shaped with ``tbf``
 (host egress on ``eth0``, switch egress on the switch port), like a full-duplex NIC on a
-non-blocking switch. Nothing is created in the root namespace, so deleting our namespaces
-removes every veth and the bridge with them.
+non-blocking switch. Shaped links also get receive steering (``RPS_GLOB``), so each flow
+arrives in order, as through a NIC. Nothing is created in the root namespace, so deleting our
+namespaces removes every veth and the bridge with them.
 
 Linux-only, needs root and iproute2 (``ip``/``tc``); point ``MCCL_IP``/``MCCL_TC`` at custom
 binaries (see ``scripts/iproute2_env.sh``). Anything missing raises :class:`ClusterUnavailable`
