@@ -10,7 +10,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-#: Interface (or comma-separated list, first usable wins) whose address peers connect to.
+#: Interface whose address peers connect to, in NCCL_SOCKET_IFNAME's syntax: a comma list of
+#: names or prefixes (first with an IPv4 address wins), ``=`` for exact names, ``^`` to
+#: exclude (``rendezvous.choose_address``).
 SOCKET_IFNAME_ENV = "MCCL_SOCKET_IFNAME"
 #: "0" selects the staging hand-off (copy out, wait, copy back) instead of in-place host views.
 UNIFIED_ENV = "MCCL_UNIFIED_COLLECTIVE"
@@ -18,7 +20,8 @@ UNIFIED_ENV = "MCCL_UNIFIED_COLLECTIVE"
 LOG_LEVEL_ENV = "MCCL_LOG_LEVEL"
 
 ENV_DOCS = {
-    SOCKET_IFNAME_ENV: "network interface for mccl traffic (default: the route to the master)",
+    SOCKET_IFNAME_ENV: "network interface for mccl traffic, as NCCL_SOCKET_IFNAME: en0, a prefix "
+                       "(en), =exact, ^excluded (default: the route to the master)",
     UNIFIED_ENV: "1 (default): average in place in shared memory; 0: staging copies",
     LOG_LEVEL_ENV: "logging level of the 'mccl' logger (default WARNING)",
 }

@@ -360,6 +360,24 @@ def test_cluster_steers_each_links_receive_as_asked(steer: bool) -> None:
     assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
 
 
+@pytest.mark.timeout(60)
+def test_cluster_without_rps_steers_nothing_unless_asked(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A kernel without RPS: by default the cluster comes up unsteered (and says so in its
+    description); asked for steering, it refuses in one line before making anything."""
+    cluster_or_skip(2, None, TEST_PREFIX)
+    monkeypatch.setattr(cl, "RPS_PROBE", "/nonexistent/rps_cpus")
+    with pytest.raises(cl.ClusterUnavailable, match="RPS"):
+        cl.Cluster(2, "1gbit", prefix=TEST_PREFIX, steer=True).up()
+    c = cl.Cluster(2, "1gbit", prefix=TEST_PREFIX)
+    try:
+        c.up()
+        assert c.describe()["rx_steering"] is False
+    finally:
+        c.down()
+    assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+
+
 # -- model ----------------------------------------------------------------------------------
 def test_model_fit_recovers_synthetic_parameters() -> None:
     alpha, bw = 80e-6, 1.15e8

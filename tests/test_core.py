@@ -271,6 +271,61 @@ def test_socket_ifname_unknown_interface_is_clear() -> None:
             choose_address(name, None)
 
 
+#: A Mac's interfaces in the kernel's order, with their IPv4 addresses (None: none).
+MAC_IFACES = {"lo0": "127.0.0.1", "en0": "192.168.1.5", "en1": None, "utun0": None,
+              "bridge0": "10.0.0.1", "en10": "172.16.0.2"}
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("en0", "192.168.1.5"),             # a name
+    ("en1,bridge0", "10.0.0.1"),        # first with an address wins
+    ("en", "192.168.1.5"),              # a prefix, in the kernel's order
+    ("en1", "172.16.0.2"),              # en1 has no address, en10 starts with en1
+    ("=en1,en10", "172.16.0.2"),        # exact names only
+    ("^lo,en", "10.0.0.1"),             # excluded prefixes
+    ("^=en0", "10.0.0.1"),              # the route's interface excluded: first non-loopback
+    (" ^ lo0 , bridge0 ", "192.168.1.5"),
+    ("^en,bridge", "127.0.0.1"),        # only loopback is left
+])
+def test_socket_ifname_takes_nccls_syntax(spec: str, want: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """MCCL_SOCKET_IFNAME is written as NCCL_SOCKET_IFNAME: names or prefixes, '=' exact,
+    '^' excluded; with '^' the address on the route to the master is preferred."""
+    from mccl.transport import rendezvous as rdv
+
+    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
+    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+    monkeypatch.setattr(rdv, "_route_address", lambda master: "192.168.1.5")
+    assert rdv.choose_address(spec, "mac0.local") == want
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("^lo0,en,utun,bridge", "other than those"),
+    ("=en", "matching that"),
+    ("^", "names no interface"),
+    (" , ", "names no interface"),
+    ("=", "names no interface"),
+])
+def test_socket_ifname_that_leaves_nothing_is_clear(spec: str, words: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from mccl.transport import rendezvous as rdv
+
+    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
+    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+    with pytest.raises(ValueError, match=f"MCCL_SOCKET_IFNAME.*{words}"):
+        rdv.choose_address(spec, None)
+
+
+def test_socket_ifname_exclusion_prefers_the_route_to_the_master(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mccl.transport import rendezvous as rdv
+
+    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
+    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+    monkeypatch.setattr(rdv, "_route_address", lambda master: "10.0.0.1")
+    assert rdv.choose_address("^lo", "mac0.local") == "10.0.0.1"  # not en0, the first
+
+
 @pytest.mark.parametrize("seconds", [0, -1])
 def test_a_timeout_that_is_not_positive_is_refused(seconds: int) -> None:
     from mccl.process_group import ProcessGroupMCCL

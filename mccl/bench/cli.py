@@ -142,8 +142,8 @@ def check_backends(names: Sequence[str], flag: str, usable: Sequence[str] | None
 def start_cluster(hosts: int, rate: str, prefix: str, burst: int | None = None,
                   cc: str | None = None, steer: bool | None = None) -> Cluster:
     """Bring an emulated cluster up for a run (``steer``: see ``Cluster``; None: on shaped
-    links); any problem is a one-line CliError (status 2
-    for a bad setting, 3 when no cluster can be had)."""
+    links); any problem is a one-line CliError (status 2 for a bad setting, 3 when no
+    cluster can be had)."""
     from mccl.bench.cluster import Cluster, ClusterError, ClusterUnavailable
 
     try:

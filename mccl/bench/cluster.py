@@ -82,8 +82,10 @@ CC_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 #: NIC (one flow, one queue) never does. Loss-based congestion control (CUBIC, Reno) takes
 #: such reordering for loss and shrinks its window. Steering by flow hash puts every packet
 #: of a flow on one CPU's queue, in order (twenty-fifth session: CUBIC hosts at 10 Gbit went
-#: from 1-2 thousand retransmits per link in 12 all-reduces to none; benchmarks/results/h200).
+#: from up to a thousand retransmits per link in 12 all-reduces to none; results/h200).
 RPS_GLOB = "/sys/class/net/{dev}/queues/rx-*/rps_cpus"
+#: Present where the kernel has RPS (CONFIG_RPS, every mainstream distribution's).
+RPS_PROBE = "/sys/class/net/lo/queues/rx-0/rps_cpus"
 # Who owns a prefix: a live owner means another run is using it (do not tear it down); a dead
 # one means whatever exists is a crashed run's leftovers (remove them). A run records its pid
 # before it makes anything, so namespaces with no owner recorded, or PERSISTENT_OWNER, were
@@ -388,7 +390,9 @@ class Cluster:
         if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
             raise ValueError(f"cc must name a TCP congestion control (e.g. cubic), got {cc!r}")
         self.cc = cc
-        # None: on shaped links; unshaped ones measure the CPU, which steering costs 10-15 %
+        # None: on shaped links where the kernel has RPS; unshaped ones measure the CPU, which
+        # steering costs 10-15 %
+        self._steer_asked = steer
         self.steer = bool(self.rate_bps) if steer is None else steer
         self.prefix = prefix
         self.subnet = subnet
@@ -462,6 +466,12 @@ class Cluster:
         if self.cc is not None and self.cc not in available_cc():
             raise ClusterUnavailable(f"congestion control {self.cc!r} is not available here "
                                      f"(available: {' '.join(available_cc()) or 'unknown'})")
+        if self.steer and not os.path.exists(RPS_PROBE):
+            if self._steer_asked:
+                raise ClusterUnavailable("receive steering (RPS) is not available in this "
+                                         f"kernel (no {RPS_PROBE})")
+            log.info("no receive steering: this kernel lacks RPS (no %s)", RPS_PROBE)
+            self.steer = False
 
     def up(self, persist: bool = False) -> Cluster:
         """Create namespaces, veths, bridge, addresses and shaping; replaces leftovers of a

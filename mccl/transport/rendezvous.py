@@ -178,22 +178,59 @@ def _route_address(master: str | None) -> str:
         return "127.0.0.1"
 
 
+def _interfaces() -> list[str]:
+    """Interface names in the kernel's order (Linux and macOS)."""
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+
+
 def choose_address(ifname: str | None, master: str | None) -> str:
-    """Address to listen on and advertise: MCCL_SOCKET_IFNAME if set, else the master route."""
-    if ifname:
-        for name in ifname.split(","):
-            name = name.strip()
-            if not name:
-                continue
+    """Address to listen on and advertise: MCCL_SOCKET_IFNAME if set, else the master route.
+
+    The syntax is NCCL's (``NCCL_SOCKET_IFNAME``), which users of other backends already
+    write: a comma list of names, tried in order, then as prefixes (``en`` matches ``en0``)
+    unless ``=`` in front asks for exact names only; ``^`` in front excludes the listed ones
+    and takes another (the one on the route to the master if it qualifies, else the first
+    that is not loopback). The first match with an IPv4 address wins.
+    """
+    if not ifname:
+        return _route_address(master)
+    spec = ifname.strip()
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r} names no interface (e.g. en0, "
+                         "en0,en1, =en0 or ^lo,docker)")
+    here = _interfaces()
+
+    def matches(name: str, want: str) -> bool:
+        return name == want or (not exact and name.startswith(want))
+
+    if exclude:
+        picked = [(n, a) for n in here if not any(matches(n, w) for w in names)
+                  for a in [_ifname_address(n)] if a]
+        route = _route_address(master) if picked else None
+        for pred in (lambda a: a == route, lambda a: not a.startswith("127.")):
+            for _, addr in picked:
+                if pred(addr):
+                    return addr
+        if picked:
+            return picked[0][1]
+    else:  # the exact names in the list's order, then (unless '=') the names they start
+        tries = names + ([n for w in names for n in here if n != w and matches(n, w)]
+                         if not exact else [])
+        for name in tries:
             addr = _ifname_address(name)
             if addr:
                 return addr
-        known = ", ".join(n for _, n in socket.if_nameindex())
-        raise ValueError(
-            f"MCCL_SOCKET_IFNAME={ifname!r}: no IPv4 address on that interface "
-            f"(interfaces here: {known})"
-        )
-    return _route_address(master)
+    what = "other than those" if exclude else "matching that"
+    raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r}: no interface {what} has an IPv4 address "
+                     f"(interfaces here: {', '.join(here) or 'none found'})")
 
 
 def shared_secret(store: Store, ns: str, rank: int, timeout_s: float,
