@@ -325,6 +325,37 @@ def test_cluster_hosts_run_the_congestion_control_asked_for() -> None:
     assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
 
 
+@pytest.mark.timeout(60)
+def test_next_up_restores_the_allowed_ccs_a_killed_run_left(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A run killed before its ``down`` left its congestion control in the machine's
+    allowed list: the next ``up`` of that prefix (or ``python -m mccl.cluster down``) puts
+    the list back from the run's record."""
+    c = cluster_or_skip(2, None, TEST_PREFIX)
+    extra = next((n for n in ("cubic", "reno", "bbr") if n in cl.available_cc()
+                  and n not in Path(cl.CC_ALLOWED).read_text().split()), None)
+    if extra is None:
+        pytest.skip("every congestion control here is allowed already")
+    monkeypatch.setattr(cl, "OWNER_DIR", str(tmp_path))
+    allowed = Path(cl.CC_ALLOWED).read_text()
+    run = cl.Cluster(2, None, prefix=TEST_PREFIX, cc=extra)
+    try:
+        run.up()
+        assert extra in Path(cl.CC_ALLOWED).read_text().split()
+        run._allowed_before = None  # as if killed: its down() no longer restores the list
+        run.down()
+        assert extra in Path(cl.CC_ALLOWED).read_text().split()
+        c = cl.Cluster(2, None, prefix=TEST_PREFIX)
+        c.up()
+        assert Path(cl.CC_ALLOWED).read_text() == allowed
+        assert not list(tmp_path.glob("*.cc-allowed"))
+        c.down()
+    finally:
+        Path(cl.CC_ALLOWED).write_text(allowed)
+    assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
+
+
 def test_rps_mask_names_every_cpu() -> None:
     assert cl.rps_mask(1) == "1"
     assert cl.rps_mask(16) == "ffff"

@@ -349,6 +349,40 @@ def is_run_leftover(prefix: str) -> bool:
     return owner_pid(prefix) is None
 
 
+def _cc_record_file(prefix: str) -> str:
+    return os.path.join(OWNER_DIR, f"mccl-cluster-{prefix}.cc-allowed")
+
+
+def _remove_cc_record(prefix: str) -> None:
+    try:
+        os.unlink(_cc_record_file(prefix))
+    except OSError:
+        pass
+
+
+def _write_allowed_cc(value: str) -> None:
+    try:
+        with open(CC_ALLOWED, "w") as f:
+            f.write(value + "\n")
+    except OSError as e:
+        log.warning("could not restore %s to %r: %s", CC_ALLOWED, value, e.strerror)
+
+
+def restore_leftover_cc(prefix: str) -> None:
+    """Put back the machine's allowed congestion controls as a killed run of this prefix
+    found them (its record is left only when it never reached ``down``)."""
+    try:
+        with open(_cc_record_file(prefix)) as f:
+            before = f.read().strip()
+    except OSError:
+        return
+    if before:
+        log.info("restoring %s to %r, as a killed run of prefix %r found it", CC_ALLOWED,
+                 before, prefix)
+        _write_allowed_cc(before)
+    _remove_cc_record(prefix)
+
+
 def _set_owner(prefix: str, pid: int | str | None) -> None:
     """Record who owns the prefix: a pid, PERSISTENT_OWNER, or nobody (None)."""
     path = _owner_file(prefix)
@@ -497,6 +531,7 @@ class Cluster:
                 "prefix")
         self._made = True
         _set_owner(self.prefix, PERSISTENT_OWNER if persist else os.getpid())
+        restore_leftover_cc(self.prefix)
         gone = remove_namespaces(self.ip, self.prefix)
         if gone:
             log.info("removed %d leftover namespace(s) of prefix %r", len(gone), self.prefix)
@@ -552,7 +587,8 @@ class Cluster:
 
     def _allow_cc(self) -> None:
         """Let the hosts pick ``cc``: add it to the machine's allowed list (``down`` restores
-        the list)."""
+        the list; a record of it under OWNER_DIR lets the next ``up`` of this prefix restore
+        it after a run that was killed before its ``down``)."""
         allowed = read_proc(CC_ALLOWED).split()
         if self.cc in allowed:
             return
@@ -564,17 +600,18 @@ class Cluster:
             self._allowed_before = None
             raise ClusterUnavailable(f"cannot allow congestion control {self.cc!r} in the "
                                      f"hosts: {e.strerror}") from None
+        try:
+            with open(_cc_record_file(self.prefix), "w") as f:
+                f.write(self._allowed_before + "\n")
+        except OSError:
+            pass
 
     def _restore_allowed_cc(self) -> None:
         if self._allowed_before is None:
             return
-        try:
-            with open(CC_ALLOWED, "w") as f:
-                f.write(self._allowed_before + "\n")
-        except OSError as e:
-            log.warning("could not restore %s to %r: %s", CC_ALLOWED, self._allowed_before,
-                        e.strerror)
+        _write_allowed_cc(self._allowed_before)
         self._allowed_before = None
+        _remove_cc_record(self.prefix)
 
     def down(self) -> None:
         """Kill our processes in the namespaces and delete all namespaces of the prefix, if
@@ -768,6 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       file=sys.stderr)
             gone = remove_namespaces(ip, args.prefix)
             _set_owner(args.prefix, None)
+            restore_leftover_cc(args.prefix)
             print(f"down: removed {len(gone)} namespace(s)" + (f": {' '.join(gone)}" if gone
                                                                  else ""))
             return 0
