@@ -819,8 +819,20 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._mesh.set_timeout(timeout_s)  # the engine's op deadlines read it there
 
 
+#: ``create`` said once that it ignores ``pg_options``.
+_said_options = False
+
+
 def create(dist_opts, backend_options=None) -> ProcessGroupMCCL:
-    """The creator registered with torch.distributed (extended API)."""
+    """The creator registered with torch.distributed (extended API). mccl has no backend
+    options (gloo ignores them too); one passed in is named once in a warning rather than
+    dropped without a word."""
+    global _said_options
+    if backend_options is not None and not _said_options:
+        _said_options = True
+        log.warning("mccl takes no backend options: pg_options=%s is ignored (the timeout and "
+                    "device come from init_process_group's own arguments)",
+                    type(backend_options).__name__)
     return ProcessGroupMCCL(
         dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
         group_name=dist_opts.group_id, global_ranks=dist_opts.global_ranks_in_group,

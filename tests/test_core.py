@@ -259,6 +259,41 @@ def test_device_id_init_path(kind: str) -> None:
     assert res == ["ok [2.0, 2.0]"] * 2
 
 
+def _init_with_pg_options(rank: int, w: int, port: int) -> tuple:
+    import logging
+
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logging.getLogger("mccl").addHandler(Keep())
+
+    class NcclStyleOptions:
+        is_high_priority_stream = True
+
+    dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=w, pg_options=NcclStyleOptions())
+    dist.new_group([0, 1], pg_options=NcclStyleOptions())  # said once per process
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.tolist(), [m for m in seen if "pg_options" in m]
+
+
+def test_pg_options_are_named_as_ignored_once() -> None:
+    """mccl has no backend options: options a user passes are not dropped without a word."""
+    res = run_ranks(_init_with_pg_options, 2, free_port(), init=False, timeout=90)
+    said = ("mccl takes no backend options: pg_options=NcclStyleOptions is ignored (the "
+            "timeout and device come from init_process_group's own arguments)")
+    assert res == [([2.0, 2.0], [said])] * 2
+
+
 def test_socket_ifname_unknown_interface_is_clear() -> None:
     from mccl.transport.rendezvous import choose_address
 
