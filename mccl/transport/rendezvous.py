@@ -212,15 +212,12 @@ def choose_address(ifname: str | None, master: str | None) -> str:
         return name == want or (not exact and name.startswith(want))
 
     if exclude:
-        picked = [(n, a) for n in here if not any(matches(n, w) for w in names)
-                  for a in [_ifname_address(n)] if a]
-        route = _route_address(master) if picked else None
-        for pred in (lambda a: a == route, lambda a: not a.startswith("127.")):
-            for _, addr in picked:
-                if pred(addr):
-                    return addr
-        if picked:
-            return picked[0][1]
+        kept = [a for n in here if not any(matches(n, w) for w in names)
+                for a in [_ifname_address(n)] if a]
+        if kept:
+            route = _route_address(master)
+            return next((a for a in kept if a == route),
+                        next((a for a in kept if not a.startswith("127.")), kept[0]))
     else:  # the exact names in the list's order, then (unless '=') the names they start
         tries = names + ([n for w in names for n in here if n != w and matches(n, w)]
                          if not exact else [])
