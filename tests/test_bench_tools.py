@@ -340,18 +340,19 @@ def test_next_up_restores_the_allowed_ccs_a_killed_run_left(tmp_path: Path,
     monkeypatch.setattr(cl, "OWNER_DIR", str(tmp_path))
     allowed = Path(cl.CC_ALLOWED).read_text()
     run = cl.Cluster(2, None, prefix=TEST_PREFIX, cc=extra)
+    after = cl.Cluster(2, None, prefix=TEST_PREFIX)
     try:
         run.up()
         assert extra in Path(cl.CC_ALLOWED).read_text().split()
         run._allowed_before = None  # as if killed: its down() no longer restores the list
         run.down()
         assert extra in Path(cl.CC_ALLOWED).read_text().split()
-        c = cl.Cluster(2, None, prefix=TEST_PREFIX)
-        c.up()
+        after.up()
         assert Path(cl.CC_ALLOWED).read_text() == allowed
         assert not list(tmp_path.glob("*.cc-allowed"))
-        c.down()
     finally:
+        run.down()
+        after.down()
         Path(cl.CC_ALLOWED).write_text(allowed)
     assert cl.list_namespaces(c.ip, TEST_PREFIX) == []
 
