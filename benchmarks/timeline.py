@@ -354,10 +354,41 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
         "dry_writes_median": med("dry_writes"),
         "dry_gap_ms_median": 1e3 * med("dry_gap"),
         "link_excess_ms_per_op": {k: [round(x, 2) for x in v] for k, v in excess.items()},
+        "comm_thread_per_rank": _comm_thread(ranks),
         "retransmits_during_trace": tcp_retrans,
         "send_socket_during_trace": send_limits,
         "tcp_info_last": {d["rank"]: d["tcp"][-1] if d["tcp"] else {} for d in ranks},
     }
+
+
+def _comm_thread(ranks: list[dict]) -> dict:
+    """Per rank (mccl), what its comm thread does between receives: the median time from a
+    chunk's arrival to the next receive (reducing it, handing it to the sender thread), the
+    share of the ops' time spent so, and the median bytes already waiting when a receive
+    began (megabytes there: the rank falls behind its upstream neighbour). Reduce-scatter's
+    thread was busy about 60 % at 10 Gbit against 20 % in an all-reduce (twenty-fifth
+    session, benchmarks/results/h200/call_s25d)."""
+    out = {}
+    for d in ranks:
+        handling, waiting, in_ops = [], [], 0.0
+        got = t0 = None
+        for t, kind, _, b in d["events"]:
+            if kind == "start":
+                got, t0 = None, t
+            elif kind == "end" and t0 is not None:
+                got, in_ops = None, in_ops + t - t0
+            elif kind == "recv":
+                waiting.append(b)
+                if got is not None:
+                    handling.append(t - got)
+            elif kind == "got":
+                got = t
+        if handling and in_ops > 0:
+            out[d["rank"]] = {
+                "between_chunks_us_median": round(1e6 * statistics.median(handling)),
+                "between_chunks_share_of_ops": round(sum(handling) / in_ops, 2),
+                "waiting_at_recv_mb_median": round(statistics.median(waiting) / 1e6, 2)}
+    return out
 
 
 def _skew(ranks: list[dict], world: int) -> dict:
