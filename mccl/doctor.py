@@ -30,7 +30,12 @@ from .bench.cli import CliError, at_least, check_device, report
 from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
-from .transport.rendezvous import _ifname_address, _route_address, choose_address
+from .transport.rendezvous import (
+    _ifname_address,
+    _route_address,
+    choose_address,
+    interface_names,
+)
 
 SELFTEST_TIMEOUT_S = 180.0
 RING_ELEMS = 4 << 20  # 16 MB float32: the ring path, big enough to see a bandwidth
@@ -48,14 +53,7 @@ def best_device() -> str:
 
 
 def _interfaces() -> list[dict[str, Any]]:
-    out = []
-    try:
-        names = [n for _, n in socket.if_nameindex()]
-    except OSError:
-        names = []
-    for name in names:
-        out.append({"name": name, "ipv4": _ifname_address(name)})
-    return out
+    return [{"name": name, "ipv4": _ifname_address(name)} for name in interface_names()]
 
 
 def _sysctl(names: list[str]) -> dict[str, str]:

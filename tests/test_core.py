@@ -311,6 +311,18 @@ MAC_IFACES = {"lo0": "127.0.0.1", "en0": "192.168.1.5", "en1": None, "utun0": No
               "bridge0": "10.0.0.1", "en10": "172.16.0.2"}
 
 
+@pytest.fixture
+def on_a_mac(monkeypatch: pytest.MonkeyPatch):
+    """rendezvous, seeing MAC_IFACES as this machine's interfaces, the route to the master
+    through en0."""
+    from mccl.transport import rendezvous as rdv
+
+    monkeypatch.setattr(rdv, "interface_names", lambda: list(MAC_IFACES))
+    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+    monkeypatch.setattr(rdv, "_route_address", lambda master: "192.168.1.5")
+    return rdv
+
+
 @pytest.mark.parametrize("spec,want", [
     ("en0", "192.168.1.5"),             # a name
     ("en1,bridge0", "10.0.0.1"),        # first with an address wins
@@ -322,16 +334,10 @@ MAC_IFACES = {"lo0": "127.0.0.1", "en0": "192.168.1.5", "en1": None, "utun0": No
     (" ^ lo0 , bridge0 ", "192.168.1.5"),
     ("^en,bridge", "127.0.0.1"),        # only loopback is left
 ])
-def test_socket_ifname_takes_nccls_syntax(spec: str, want: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_ifname_takes_nccls_syntax(spec: str, want: str, on_a_mac) -> None:
     """MCCL_SOCKET_IFNAME is written as NCCL_SOCKET_IFNAME: names or prefixes, '=' exact,
     '^' excluded; with '^' the address on the route to the master is preferred."""
-    from mccl.transport import rendezvous as rdv
-
-    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
-    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
-    monkeypatch.setattr(rdv, "_route_address", lambda master: "192.168.1.5")
-    assert rdv.choose_address(spec, "mac0.local") == want
+    assert on_a_mac.choose_address(spec, "mac0.local") == want
 
 
 @pytest.mark.parametrize("spec,words", [
@@ -341,24 +347,15 @@ def test_socket_ifname_takes_nccls_syntax(spec: str, want: str,
     (" , ", "names no interface"),
     ("=", "names no interface"),
 ])
-def test_socket_ifname_that_leaves_nothing_is_clear(spec: str, words: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from mccl.transport import rendezvous as rdv
-
-    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
-    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+def test_socket_ifname_that_leaves_nothing_is_clear(spec: str, words: str, on_a_mac) -> None:
     with pytest.raises(ValueError, match=f"MCCL_SOCKET_IFNAME.*{words}"):
-        rdv.choose_address(spec, None)
+        on_a_mac.choose_address(spec, None)
 
 
 def test_socket_ifname_exclusion_prefers_the_route_to_the_master(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from mccl.transport import rendezvous as rdv
-
-    monkeypatch.setattr(rdv, "_interfaces", lambda: list(MAC_IFACES))
-    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
-    monkeypatch.setattr(rdv, "_route_address", lambda master: "10.0.0.1")
-    assert rdv.choose_address("^lo", "mac0.local") == "10.0.0.1"  # not en0, the first
+        on_a_mac, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(on_a_mac, "_route_address", lambda master: "10.0.0.1")
+    assert on_a_mac.choose_address("^lo", "mac0.local") == "10.0.0.1"  # not en0, the first
 
 
 @pytest.mark.parametrize("seconds", [0, -1])

@@ -178,7 +178,7 @@ def _route_address(master: str | None) -> str:
         return "127.0.0.1"
 
 
-def _interfaces() -> list[str]:
+def interface_names() -> list[str]:
     """Interface names in the kernel's order (Linux and macOS)."""
     try:
         return [name for _, name in socket.if_nameindex()]
@@ -206,7 +206,7 @@ def choose_address(ifname: str | None, master: str | None) -> str:
     if not names:
         raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r} names no interface (e.g. en0, "
                          "en0,en1, =en0 or ^lo,docker)")
-    here = _interfaces()
+    here = interface_names()
 
     def matches(name: str, want: str) -> bool:
         return name == want or (not exact and name.startswith(want))
