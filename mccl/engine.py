@@ -187,6 +187,12 @@ class OpChannel:
         if token:
             self.mesh.wait_marks(token)
 
+    def ticket(self, peer: int) -> int:
+        return self.mesh.peer(peer).ticket()
+
+    def passed(self, peer: int, ticket: int) -> bool:
+        return self.mesh.peer(peer).passed(ticket)
+
     def sends_done(self) -> None:
         """Mark this op's sends (``flush`` waits for those only, not for sends of the next op
         queued behind them) and let the engine start the next op."""

@@ -51,6 +51,12 @@ class FakeChannel:
     def wait(self, token: object) -> None:
         pass
 
+    def ticket(self, peer: int) -> int:
+        return 0
+
+    def passed(self, peer: int, ticket: int) -> bool:
+        return True  # sends copy
+
 
 class HeldSendChannel(FakeChannel):
     """A FakeChannel whose sends keep reading the caller's buffer until a ``wait`` on a later
@@ -82,6 +88,20 @@ class HeldSendChannel(FakeChannel):
 
     def flush(self) -> None:
         self._release(len(self._held))
+
+    def ticket(self, peer: int) -> int:
+        return len(self._held)
+
+    def passed(self, peer: int, ticket: int) -> bool:
+        """Every other check finds the sender thread caught up (and checks what it held);
+        the others find it behind."""
+        self._checks = getattr(self, "_checks", 0) + 1
+        if ticket <= self._done:
+            return True
+        if self._checks % 2:
+            return False
+        self._release(len(self._held))
+        return True
 
 
 def run_all(world: int, fn, channel=FakeChannel) -> list:
@@ -245,13 +265,16 @@ def test_reduce_scatter_out_of_place(world: int, n: int, how: str) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("pool", [0, 1, 3], ids=lambda n: f"pool{n}")
 @pytest.mark.parametrize("spares", [1, 2, 3])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
-def test_reduce_scatter_reuses_a_spare_only_after_its_sends(
-        world: int, spares: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """However many segment buffers the partial sums rotate through, none is overwritten
-    while a send that reads it is still held, and the result is exact."""
+def test_reduce_scatter_reuses_a_buffer_only_after_its_sends(
+        world: int, spares: int, pool: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many segment buffers and pool slots the partial sums rotate through, none is
+    overwritten while a send that reads it is still held (the channel reports every other
+    check that the sender has caught up), and the result is exact."""
     monkeypatch.setattr(ring, "REDUCE_SCATTER_SPARES", spares)
+    monkeypatch.setattr(ring, "REDUCE_SCATTER_POOL_SLOTS", pool)
     fn, fin, n = reducer(Op.SUM, torch.float64), finisher(Op.SUM, world), 3000
 
     def body(ch):

@@ -495,6 +495,34 @@ def test_an_ops_first_large_send_is_written_at_once_and_the_rest_queued_in_order
     mesh.dispose()
 
 
+def test_a_ticket_passes_once_the_frames_before_it_are_written() -> None:
+    """``Peer.ticket``/``passed`` (reduce-scatter reuses a buffer only after the check): a
+    frame queued behind a peer that does not read has not passed, nor has one queued after
+    it; once the peer reads, both pass, and a ticket taken on an idle connection passes at
+    once."""
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    p = mesh.peer(1)
+    assert p.passed(p.ticket())  # nothing queued
+    big = np.arange(8 << 20, dtype=np.uint8)  # more than the socket buffers hold unread
+    second = np.full(300 << 10, 4, dtype=np.uint8)
+    assert mesh.send_frame(1, pack_header(DATA, SIG, GROUP, 7, big.nbytes), big, big.nbytes,
+                           start=True) is False
+    first = p.ticket()
+    mesh.send_frame(1, pack_header(DATA, SIG, GROUP, 7, second.nbytes), second,
+                    second.nbytes)
+    after = p.ticket()
+    assert after > first
+    time.sleep(0.2)  # the sender thread is blocked on the full socket
+    assert not p.passed(first) and not p.passed(after)
+    reader = far[1]
+    reader.settimeout(20)
+    assert _read_frame(reader) == (big.nbytes, big.tobytes())
+    assert _read_frame(reader) == (second.nbytes, second.tobytes())
+    mesh.flush([1])
+    assert p.passed(first) and p.passed(after)
+    mesh.dispose()
+
+
 @pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT")
 def test_data_sockets_hold_little_unsent_data() -> None:
     """Every data connection caps its unsent backlog (the kernel takes a quarter MiB at a

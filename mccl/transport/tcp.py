@@ -181,6 +181,10 @@ class Peer:
         self.label = label
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._pending = 0  # queued items not yet written; guarded by _count_lock
+        # Items ever queued and ever finished (written or failed), for ``ticket``/``passed``:
+        # the queue is FIFO, so item t is finished once _finished >= t. Guarded by _count_lock.
+        self._queued = 0
+        self._finished = 0
         self._count_lock = threading.Lock()
         self._write_lock = threading.Lock()  # held while bytes go into the socket
         self._thread: threading.Thread | None = None
@@ -218,6 +222,7 @@ class Peer:
     def _put(self, header: bytes, payload, on_done) -> None:
         """``enqueue`` with ``_count_lock`` held."""
         self._pending += 1
+        self._queued += 1
         if self._thread is None:
             self._start()
         self._q.put((header, payload, on_done))
@@ -275,10 +280,19 @@ class Peer:
             idle = self._pending == 0 or self._stopping
             if not idle:
                 self._pending += 1
+                self._queued += 1
                 self._q.put((None, _Marker(ev), None))
         if idle:
             ev.set()
         return ev
+
+    def ticket(self) -> int:
+        """A number for everything queued so far; ``passed`` tells without blocking or
+        queueing anything whether it has all been handed to the kernel (or failed)."""
+        return self._queued
+
+    def passed(self, ticket: int) -> bool:
+        return self._finished >= ticket
 
     def _write(self, header: bytes, payload, last: bool = True) -> None:
         """Write one frame; ``last``: nothing else is about to follow it (push it out).
@@ -330,6 +344,7 @@ class Peer:
                         self.send_error = e
             with self._count_lock:
                 self._pending -= 1
+                self._finished += 1
             if on_done is not None:
                 try:
                     on_done(self.send_error)

@@ -34,7 +34,9 @@ whole (``staging.PIPELINE_MIN_BYTES``); ``clamp=N`` caps the window every data s
 advertises at N bytes (TCP_WINDOW_CLAMP, Linux: bounds the bytes in flight per connection,
 as gloo's two outstanding 1 MiB segments do; at 10 Gbit it changed nothing, ninth session);
 ``rs_spares=N``: reduce-scatter's partial sums rotate through N segment buffers
-(``ring.REDUCE_SCATTER_SPARES``); ``recv_piece=N`` reads every frame in receives of at most
+(``ring.REDUCE_SCATTER_SPARES``); ``rs_pool=N``: at most N cache-sized slots it prefers
+(``ring.REDUCE_SCATTER_POOL_SLOTS``; 0: the spares only, as before the twenty-sixth
+session); ``recv_piece=N`` reads every frame in receives of at most
 N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
 handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
 all-gather's local copy of the own segment into the output (timing only: the output's own
@@ -68,6 +70,7 @@ _CONSTANTS = {
     "early": ("mccl.engine", "EARLY_START"),
     "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
     "rs_spares": ("mccl.algorithms.ring", "REDUCE_SCATTER_SPARES"),
+    "rs_pool": ("mccl.algorithms.ring", "REDUCE_SCATTER_POOL_SLOTS"),
     "a2a_pairwise": ("mccl.algorithms.direct", "ALL_TO_ALL_PAIRWISE_BYTES"),
     "sockbuf": ("mccl.transport.tcp", "SOCKET_BUFFER_BYTES"),
 }
