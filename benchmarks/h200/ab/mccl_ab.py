@@ -36,7 +36,8 @@ as gloo's two outstanding 1 MiB segments do; at 10 Gbit it changed nothing, nint
 ``rs_spares=N``: reduce-scatter's partial sums rotate through N segment buffers
 (``ring.REDUCE_SCATTER_SPARES``); ``rs_pool=N``: at most N cache-sized slots it prefers
 (``ring.REDUCE_SCATTER_POOL_SLOTS``; 0: the spares only, as before the twenty-sixth
-session); ``recv_piece=N`` reads every frame in receives of at most
+session), ``rs_pool_bytes=N`` their bytes (``ring.REDUCE_SCATTER_POOL_BYTES``);
+``recv_piece=N`` reads every frame in receives of at most
 N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
 handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
 all-gather's local copy of the own segment into the output (timing only: the output's own
@@ -71,6 +72,7 @@ _CONSTANTS = {
     "pipeline_min": ("mccl.device.staging", "PIPELINE_MIN_BYTES"),
     "rs_spares": ("mccl.algorithms.ring", "REDUCE_SCATTER_SPARES"),
     "rs_pool": ("mccl.algorithms.ring", "REDUCE_SCATTER_POOL_SLOTS"),
+    "rs_pool_bytes": ("mccl.algorithms.ring", "REDUCE_SCATTER_POOL_BYTES"),
     "a2a_pairwise": ("mccl.algorithms.direct", "ALL_TO_ALL_PAIRWISE_BYTES"),
     "sockbuf": ("mccl.transport.tcp", "SOCKET_BUFFER_BYTES"),
 }
