@@ -117,6 +117,54 @@ def test_large_queued_all_gathers() -> None:
     run_ranks(_large_all_gathers, 3, timeout=120)
 
 
+def _pooled_reduce_scatters(rank: int, w: int) -> dict:
+    """Reduce-scatters of several chunks per segment, queued and blocking, over real sockets:
+    partial sums go through the cached pool whenever its slot's send was written (the
+    channel's ``passed``, counted here) and through the segment buffers otherwise."""
+    import collections
+
+    import torch.distributed as dist
+
+    from mccl import engine
+
+    seen: collections.Counter = collections.Counter()
+    passed = engine.OpChannel.passed
+
+    def counted(self, peer: int, ticket: int) -> bool:
+        ok = passed(self, peer, ticket)
+        seen[ok] += 1
+        return ok
+
+    engine.OpChannel.passed = counted
+    m = (3 << 20) // 4 + 5  # float32 elements per rank: several chunks per segment
+
+    def inp(q: int, i: int, dtype: torch.dtype) -> torch.Tensor:
+        return ((torch.arange(w * m) * 3 + q * 101 + i) % 4093).to(dtype)
+
+    cases = [(dist.ReduceOp.SUM, torch.float32), (dist.ReduceOp.MAX, torch.int32),
+             (dist.ReduceOp.SUM, torch.float64)]
+    outs = [torch.empty(m, dtype=dt) for _, dt in cases]
+    works = [dist.reduce_scatter_tensor(out, inp(rank, i, dt), op=op, async_op=True)
+             for i, ((op, dt), out) in enumerate(zip(cases, outs, strict=True))]
+    for wk in works:
+        wk.wait()
+    for i, ((op, dt), out) in enumerate(zip(cases, outs, strict=True)):
+        every = torch.stack([inp(q, i, dt) for q in range(w)])
+        want = every.sum(0) if op == dist.ReduceOp.SUM else every.amax(0)
+        assert torch.equal(out, want[rank * m:(rank + 1) * m].to(dt)), (op, dt)
+    again = torch.empty(m)
+    dist.reduce_scatter_tensor(again, inp(rank, 7, torch.float32))
+    want = torch.stack([inp(q, 7, torch.float32) for q in range(w)]).sum(0)
+    assert torch.equal(again, want[rank * m:(rank + 1) * m])
+    return dict(seen)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_reduce_scatter_partial_sums_through_the_pool(world: int) -> None:
+    res = run_ranks(_pooled_reduce_scatters, world, timeout=180)
+    assert all(r.get(True, 0) > 0 for r in res), res  # the pool was used on every rank
+
+
 def _p2p(rank: int, w: int) -> None:
     import torch.distributed as dist
 
