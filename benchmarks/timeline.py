@@ -245,7 +245,15 @@ def _instrument(events: list[tuple], rank: int, world: int) -> dict:
         write0(self, header, payload, last)
         events.append((now(), "wrote", self.rank, 0))
 
+    passed0 = engine.OpChannel.passed
+
+    def passed(self, peer, ticket):  # reduce-scatter asks whether a pool slot is free
+        ok = passed0(self, peer, ticket)
+        events.append((now(), "slot", peer, int(ok)))
+        return ok
+
     engine.OpChannel.send, engine.OpChannel.recv = send, recv
+    engine.OpChannel.passed = passed
     tcp.Peer._write = write
     mesh = dist.group.WORLD._engine.mesh
     return {r: mesh.peer(r).sock for r in {(rank + 1) % world, (rank - 1) % world} - {rank}}
@@ -365,9 +373,10 @@ def _comm_thread(ranks: list[dict]) -> dict:
     """Per rank (mccl), what its comm thread does between receives: the median time from a
     chunk's arrival to the next receive (reducing it, handing it to the sender thread), the
     share of the ops' time spent so, and the median bytes already waiting when a receive
-    began (megabytes there: the rank falls behind its upstream neighbour). Reduce-scatter's
-    thread was busy about 60 % at 10 Gbit against 20 % in an all-reduce (twenty-fifth
-    session, benchmarks/results/h200/call_s25d)."""
+    began (megabytes there: the rank falls behind its upstream neighbour), and for a
+    reduce-scatter the share of its partial sums that found a cached pool slot free.
+    Reduce-scatter's thread was busy about 60 % at 10 Gbit against 20 % in an all-reduce
+    (twenty-fifth session, benchmarks/results/h200/call_s25d)."""
     out = {}
     for d in ranks:
         handling, waiting, in_ops = [], [], 0.0
@@ -388,6 +397,9 @@ def _comm_thread(ranks: list[dict]) -> dict:
                 "between_chunks_us_median": round(1e6 * statistics.median(handling)),
                 "between_chunks_share_of_ops": round(sum(handling) / in_ops, 2),
                 "waiting_at_recv_mb_median": round(statistics.median(waiting) / 1e6, 2)}
+            slots = [b for _, kind, _, b in d["events"] if kind == "slot"]
+            if slots:  # reduce-scatter: share of partial sums that found a pool slot free
+                out[d["rank"]]["pool_slot_free_share"] = round(sum(slots) / len(slots), 2)
     return out
 
 

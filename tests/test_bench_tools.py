@@ -506,6 +506,23 @@ def test_timeline_summary_attributes_a_slow_link(tmp_path: Path) -> None:
     assert [round(x, 6) for x in s["link_excess_ms_per_op"]["1->0"]] == [0.0, 3.0]
 
 
+def test_timeline_comm_thread_summary_counts_free_pool_slots() -> None:
+    """The per-rank comm-thread summary: time from a chunk's arrival to the next receive,
+    its share of the op, bytes waiting, and (reduce-scatter) how often a pool slot was free."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import timeline
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    ev = [(0.0, "start", 0, 0), (0.0, "recv", 1, 2_000_000), (0.001, "got", 1, 10),
+          (0.001, "slot", 1, 1), (0.003, "recv", 1, 4_000_000), (0.004, "got", 1, 10),
+          (0.004, "slot", 1, 0), (0.005, "recv", 1, 0), (0.006, "got", 1, 10),
+          (0.006, "slot", 1, 1), (0.010, "end", 0, 0)]
+    got = timeline._comm_thread([{"rank": 0, "events": ev}, {"rank": 1, "events": []}])
+    assert got == {0: {"between_chunks_us_median": 1500, "between_chunks_share_of_ops": 0.3,
+                       "waiting_at_recv_mb_median": 2.0, "pool_slot_free_share": 0.67}}
+
+
 def test_overlap_bound_on_hand_computed_pipelines() -> None:
     """benchmarks/overlap.py's hidden_bound: bucket i's all-reduce starts once it is ready and
     the previous one is done; what runs past the end of compute is exposed."""
