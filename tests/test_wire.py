@@ -503,7 +503,7 @@ def test_a_ticket_passes_once_the_frames_before_it_are_written() -> None:
     mesh, far = make_mesh(2, timeout_s=60.0)
     p = mesh.peer(1)
     assert p.passed(p.ticket())  # nothing queued
-    big = np.arange(8 << 20, dtype=np.uint8)  # more than the socket buffers hold unread
+    big = np.arange(24 << 20, dtype=np.uint8)  # far more than the socket buffers hold unread
     second = np.full(300 << 10, 4, dtype=np.uint8)
     assert mesh.send_frame(1, pack_header(DATA, SIG, GROUP, 7, big.nbytes), big, big.nbytes,
                            start=True) is False
