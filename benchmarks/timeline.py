@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mccl.bench.cli import STEERING_HELP, steering  # noqa: E402
+from mccl.bench.cli import add_rx_steering, steering  # noqa: E402
 from mccl.bench.report import parse_size  # noqa: E402
 from mccl.bench.spawn import Hosts, run_ranks  # noqa: E402
 
@@ -379,10 +379,12 @@ def _comm_thread(ranks: list[dict]) -> dict:
     (twenty-fifth session, benchmarks/results/h200/call_s25d)."""
     out = {}
     for d in ranks:
-        handling, waiting, in_ops = [], [], 0.0
+        handling, waiting, slots, in_ops = [], [], [], 0.0
         got = t0 = None
         for t, kind, _, b in d["events"]:
-            if kind == "start":
+            if kind == "slot":
+                slots.append(b)
+            elif kind == "start":
                 got, t0 = None, t
             elif kind == "end" and t0 is not None:
                 got, in_ops = None, in_ops + t - t0
@@ -397,7 +399,6 @@ def _comm_thread(ranks: list[dict]) -> dict:
                 "between_chunks_us_median": round(1e6 * statistics.median(handling)),
                 "between_chunks_share_of_ops": round(sum(handling) / in_ops, 2),
                 "waiting_at_recv_mb_median": round(statistics.median(waiting) / 1e6, 2)}
-            slots = [b for _, kind, _, b in d["events"] if kind == "slot"]
             if slots:  # reduce-scatter: share of partial sums that found a pool slot free
                 out[d["rank"]]["pool_slot_free_share"] = round(sum(slots) / len(slots), 2)
     return out
@@ -526,8 +527,7 @@ def main() -> int:
     ap.add_argument("--barrier", action="store_true",
                     help="start every op after a barrier on a separate gloo group, as the "
                          "bench's one-op samples do (default: back to back)")
-    ap.add_argument("--rx-steering", choices=("auto", "on", "off"), default="auto",
-                    help=STEERING_HELP)
+    add_rx_steering(ap)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--analyze", action="store_true",

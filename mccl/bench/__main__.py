@@ -18,8 +18,8 @@ from typing import Any
 
 from mccl.bench.cli import (
     INTERRUPTED,
-    STEERING_HELP,
     CliError,
+    add_rx_steering,
     at_least,
     check_backends,
     check_device,
@@ -99,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cc", default=None, metavar="NAME",
                    help="TCP congestion control of the cluster's hosts, e.g. cubic (default: "
                         "this machine's; every backend and the ceiling use it)")
-    p.add_argument("--rx-steering", choices=("auto", "on", "off"), default="auto",
-                   help=STEERING_HELP)
+    add_rx_steering(p)
     p.add_argument("--ceiling-seconds", type=at_least(0.0, float), default=DEFAULT_CEILING_S,
                    help="duration of the TCP ceiling measurement (0 = skip)")
     p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=60.0,

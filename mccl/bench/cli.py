@@ -86,15 +86,19 @@ def int_items(text: str, flag: str, minimum: int) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def add_rx_steering(parser: argparse.ArgumentParser) -> None:
+    """``--rx-steering auto|on|off``, shared by the tools that bring a cluster up (read it
+    with ``steering``)."""
+    parser.add_argument(
+        "--rx-steering", choices=("auto", "on", "off"), default="auto",
+        help="steer every link's received packets to one CPU per flow (Linux RPS), so a flow "
+             "arrives in order as through a real NIC; auto (default): on shaped links, off on "
+             "unshaped ones, where it costs the CPU being measured")
+
+
 def steering(choice: str) -> bool | None:
     """``--rx-steering``'s value for ``Cluster(steer=...)``: on, off, or auto (None)."""
     return {"on": True, "off": False, "auto": None}[choice]
-
-
-#: ``--rx-steering``'s help, shared by the tools that bring a cluster up.
-STEERING_HELP = ("steer every link's received packets to one CPU per flow (Linux RPS), so a "
-                 "flow arrives in order as through a real NIC; auto (default): on shaped links, "
-                 "off on unshaped ones, where it costs the CPU being measured")
 
 
 def check_device(device: str, flag: str = "--device") -> None:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .cli import STEERING_HELP, steering
+from .cli import add_rx_steering, steering
 from .report import CC_PATH, default_cc, parse_size, plural, read_proc
 
 log = logging.getLogger(__name__)
@@ -360,10 +360,16 @@ def _remove_cc_record(prefix: str) -> None:
         pass
 
 
+def _write_line(path: str, text: str) -> None:
+    """Replace a small file's (or a /proc setting's) content with one line; OSError is the
+    caller's to handle."""
+    with open(path, "w") as f:
+        f.write(f"{text}\n")
+
+
 def _write_allowed_cc(value: str) -> None:
     try:
-        with open(CC_ALLOWED, "w") as f:
-            f.write(value + "\n")
+        _write_line(CC_ALLOWED, value)
     except OSError as e:
         log.warning("could not restore %s to %r: %s", CC_ALLOWED, value, e.strerror)
 
@@ -371,11 +377,7 @@ def _write_allowed_cc(value: str) -> None:
 def restore_leftover_cc(prefix: str) -> None:
     """Put back the machine's allowed congestion controls as a killed run of this prefix
     found them (its record is left only when it never reached ``down``)."""
-    try:
-        with open(_cc_record_file(prefix)) as f:
-            before = f.read().strip()
-    except OSError:
-        return
+    before = read_proc(_cc_record_file(prefix))  # "": no record
     if before:
         log.info("restoring %s to %r, as a killed run of prefix %r found it", CC_ALLOWED,
                  before, prefix)
@@ -390,8 +392,7 @@ def _set_owner(prefix: str, pid: int | str | None) -> None:
         if pid is None:
             os.unlink(path)
         else:
-            with open(path, "w") as f:
-                f.write(f"{pid}\n")
+            _write_line(path, str(pid))
     except OSError:
         pass
 
@@ -594,15 +595,13 @@ class Cluster:
             return
         self._allowed_before = " ".join(allowed)
         try:
-            with open(CC_ALLOWED, "w") as f:
-                f.write(" ".join([*allowed, str(self.cc)]) + "\n")
+            _write_line(CC_ALLOWED, " ".join([*allowed, str(self.cc)]))
         except OSError as e:
             self._allowed_before = None
             raise ClusterUnavailable(f"cannot allow congestion control {self.cc!r} in the "
                                      f"hosts: {e.strerror}") from None
         try:
-            with open(_cc_record_file(self.prefix), "w") as f:
-                f.write(self._allowed_before + "\n")
+            _write_line(_cc_record_file(self.prefix), self._allowed_before)
         except OSError:
             pass
 
@@ -769,8 +768,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--mtu", type=int, default=DEFAULT_MTU)
     up.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket in bytes, e.g. 128K (default: 1 ms at the rate, >= 128K)")
-    up.add_argument("--rx-steering", choices=("auto", "on", "off"), default="auto",
-                    help=STEERING_HELP)
+    add_rx_steering(up)
     sub.add_parser("down", help="delete every namespace of the prefix")
     sub.add_parser("status", help="show namespaces, addresses and shaping")
     ex = sub.add_parser("exec", help="run a command inside a host: exec 0 -- cmd args")
