@@ -406,6 +406,70 @@ def test_socket_ifname_exclusion_prefers_the_route_to_the_master(
     assert on_a_mac.choose_address("^lo", "mac0.local") == "10.0.0.1"  # not en0, the first
 
 
+def _ipv6_init(rank: int, w: int, port: int) -> tuple:
+    import socket
+
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    dist.init_process_group("mccl", init_method=f"tcp://[::1]:{port}", rank=rank,
+                            world_size=w, timeout=timedelta(seconds=30))
+    t = torch.full((300_001,), float(rank + 1))  # the ring, not just the small-op path
+    dist.all_reduce(t)
+    peers = [p for p in dist.group.WORLD._mesh.peers if p is not None]
+    families = {p.sock.family == socket.AF_INET6 for p in peers}
+    dist.destroy_process_group()
+    return t[0].item(), bool(t.eq(t[0]).all()), families
+
+
+def test_an_ipv6_master_gives_ipv6_connections() -> None:
+    """With the master at an IPv6 address (no IPv4 to reach it by), ranks listen, advertise
+    and connect over IPv6."""
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    w = 3
+    res = run_ranks(_ipv6_init, w, free_port(), init=False, timeout=90)
+    assert res == [(float(w * (w + 1) // 2), True, {True})] * w
+
+
+@pytest.mark.parametrize("host,port,text", [
+    ("10.0.0.2", 29500, "10.0.0.2:29500"),
+    ("::1", 1, "[::1]:1"),
+    ("fe80::1%en0", 65535, "[fe80::1%en0]:65535"),
+])
+def test_listen_addresses_round_trip(host: str, port: int, text: str) -> None:
+    from mccl.transport.rendezvous import join_host_port, split_host_port
+
+    assert join_host_port(host, port) == text
+    assert split_host_port(text) == (host, port)
+
+
+def test_the_route_prefers_the_masters_ipv4_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A master name with both kinds of address (``localhost`` on a Mac lists ::1 first)
+    keeps the IPv4 route every earlier version took; an IPv6-only one gets IPv6."""
+    import socket
+
+    from mccl.transport import rendezvous as rdv
+
+    both = [(socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 9, 0, 0)),
+            (socket.AF_INET, socket.SOCK_DGRAM, 17, "", ("127.0.0.1", 9))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: both)
+    assert rdv._resolve("localhost") == (socket.AF_INET, ("127.0.0.1", 9))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: both[:1])
+    assert rdv._resolve("[::1]") == (socket.AF_INET6, ("::1", 9, 0, 0))
+    monkeypatch.undo()
+    assert rdv._resolve("no-such-host.invalid") is None
+    assert rdv._route_address("127.0.0.1") == "127.0.0.1"
+
+
 @pytest.mark.parametrize("seconds", [0, -1])
 def test_a_timeout_that_is_not_positive_is_refused(seconds: int) -> None:
     from mccl.process_group import ProcessGroupMCCL

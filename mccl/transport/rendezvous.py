@@ -35,6 +35,8 @@ HELLO_TIMEOUT_S = 5.0
 #: The key (in a group's namespace) where a rank that stopped waiting for the others
 #: leaves its reason for those still to come (``give_up``).
 GAVE_UP_KEY = "gave_up"
+#: Port a route lookup "connects" its UDP socket to (nothing is sent).
+DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
 LISTEN_BACKLOG = 128
@@ -160,13 +162,31 @@ def _ifname_address(ifname: str) -> str | None:
     return socket.inet_ntoa(res[20:24])
 
 
+def _resolve(host: str) -> tuple[int, tuple] | None:
+    """(family, sockaddr) of ``host`` (a name, an address, or an IPv6 address in brackets):
+    its IPv4 address if it has one (what every earlier version used), else its IPv6 one."""
+    try:
+        infos = socket.getaddrinfo(host.strip().strip("[]"), DISCARD_PORT,
+                                   type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return None
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for fam, _, _, _, sockaddr in infos:
+            if fam == family:
+                return fam, sockaddr
+    return None
+
+
 def _route_address(master: str | None) -> str:
-    """The local address this host uses to reach the master (UDP connect sends nothing)."""
-    if master:
+    """The local address this host uses to reach the master (UDP connect sends nothing):
+    IPv4 where the master has an IPv4 address, else IPv6."""
+    found = _resolve(master) if master else None
+    if found is not None:
+        family, sockaddr = found
         try:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = socket.socket(family, socket.SOCK_DGRAM)
             try:
-                s.connect((socket.gethostbyname(master), 9))
+                s.connect(sockaddr)
                 return s.getsockname()[0]
             finally:
                 s.close()
@@ -176,6 +196,24 @@ def _route_address(master: str | None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets (``[fe80::1%en0]:29500``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """The inverse of ``join_host_port``."""
+    host, port = addr.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def _stream_address(host: str, port: int) -> tuple[int, tuple]:
+    """(family, sockaddr) to bind or connect a TCP socket to a numeric ``host``."""
+    fam, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                flags=socket.AI_NUMERICHOST)[0]
+    return fam, sockaddr
 
 
 def interface_names() -> list[str]:
@@ -227,7 +265,8 @@ def choose_address(ifname: str | None, master: str | None) -> str:
                 return addr
     what = "other than those" if exclude else "matching that"
     raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r}: no interface {what} has an IPv4 address "
-                     f"(interfaces here: {', '.join(here) or 'none found'})")
+                     f"(interfaces here: {', '.join(here) or 'none found'}; on an IPv6-only "
+                     "network leave it unset and give MASTER_ADDR as an IPv6 address)")
 
 
 def shared_secret(store: Store, ns: str, rank: int, timeout_s: float,
@@ -389,13 +428,13 @@ class _Acceptor:
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
           deadline: float) -> socket.socket:
-    host, port = addr.rsplit(":", 1)
+    family, sockaddr = _stream_address(*split_host_port(addr))
     last: Exception | None = None
     while time.monotonic() < deadline:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(family, socket.SOCK_STREAM)
         try:
             s.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
-            s.connect((host, int(port)))
+            s.connect(sockaddr)
             challenge = handshake.parse_challenge(handshake.read_exact(s, handshake.CHALLENGE_SIZE))
             hello, nonce = handshake.make_hello(secret, group, rank, peer, challenge=challenge)
             s.sendall(hello)
@@ -423,13 +462,14 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
     ns = namespace(group_name)
     deadline = time.monotonic() + timeout_s
     secret = shared_secret(store, ns, rank, timeout_s, members)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family, sockaddr = _stream_address(address, 0)
+    listener = socket.socket(family, socket.SOCK_STREAM)
     try:
-        listener.bind((address, 0))
+        listener.bind(sockaddr)
         listener.listen(LISTEN_BACKLOG)
         port = listener.getsockname()[1]
         acceptor = _Acceptor(listener, secret, group, rank, size, set(range(rank + 1, size)))
-        store.set(f"{ns}addr/{rank}", f"{address}:{port}")
+        store.set(f"{ns}addr/{rank}", join_host_port(address, port))
         socks: dict[int, socket.socket] = {}
         try:
             await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic(),
