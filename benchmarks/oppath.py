@@ -1,14 +1,16 @@
 """Where one op's fixed cost goes: timestamps along mccl's path, per stage, medians over ops.
 
     python benchmarks/oppath.py --world 4 --op all_reduce --size 1M [--device cuda] [--async]
-        [--variants "new:;old:inline_cuda=0,gpu_wait=0"] [--profile]
+        [--variants "new:;old:inline_cuda=0,gpu_wait=0"] [--profile] [--hosts 8 --rate 10gbit]
 
 Stages (microseconds from the ``torch.distributed`` call): the process group entered (its
 shared all-gather / reduce-scatter body for those),
 ``Engine.submit``, ``Engine._execute`` (on the caller's thread when the op runs inline, else on
 the comm thread), the op's body, its first send, ``Work.wait`` returned / the call returned.
 Each op runs after a barrier, so what a previous op left on the wire is not counted. The ranks
-are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link).
+are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link),
+or with ``--hosts N`` one per emulated host of a cluster (root and iproute2), as the bench's
+cluster runs place them.
 ``--variants`` compares settings of mccl's constants (keys: benchmarks/h200/ab/mccl_ab.py) in
 one run, interleaved in rounds, so the machine's drift hits them alike. ``--profile`` adds a
 cProfile of rank 0's timed ops (the functions with the most time of their own; the profiler
@@ -28,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "h200" / "ab"))
 
+from mccl.bench.cli import add_rx_steering, steering  # noqa: E402
 from mccl.bench.ops import element_count  # noqa: E402
 from mccl.bench.report import parse_size  # noqa: E402
 from mccl.bench.spawn import run_ranks  # noqa: E402
@@ -158,17 +161,39 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", action="store_true",
                     help="cProfile rank 0's timed ops (printed; shares, not times)")
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="run one rank per emulated host of a cluster of this many (overrides "
+                         "--world; needs root and iproute2)")
+    ap.add_argument("--rate", default="10gbit", help="with --hosts: the links' rate")
+    add_rx_steering(ap)
     a = ap.parse_args()
     variants = [tuple(v.split(":", 1)) for v in a.variants.split(";") if v]
-    res = run_ranks(_rank, a.world, a.op, parse_size(a.size), a.reps, a.device, a.async_op,
-                    variants, a.profile, timeout=120 + a.reps * 0.1 * len(variants))
+    world = a.hosts or a.world
+    args = (_rank, world, a.op, parse_size(a.size), a.reps, a.device, a.async_op, variants,
+            a.profile)
+    timeout = 120 + a.reps * 0.1 * len(variants)
+    if a.hosts:
+        from mccl.bench.cluster import Cluster
+        from mccl.bench.spawn import Hosts
+
+        with Cluster(a.hosts, a.rate, steer=steering(a.rx_steering)) as c:
+            res = run_ranks(*args, timeout=timeout,
+                            hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
+    else:
+        res = run_ranks(*args, timeout=timeout)
     profile = res[0].pop("_profile", None)
-    out = {"world": a.world, "op": a.op, "size": a.size, "device": a.device,
-           "async_op": a.async_op, "variants": a.variants, "stages_us_median": res}
+    out = {"world": world, "op": a.op, "size": a.size, "device": a.device,
+           "async_op": a.async_op, "variants": a.variants, "hosts": a.hosts,
+           "rate": a.rate if a.hosts else None, "stages_us_median": res}
     for name, stages in res[0].items():
         line = " ".join(f"{k}={v:.0f}" for k, v in stages.items())
-        print(f"{a.op} {a.size} n={a.world} {a.device} {'async' if a.async_op else 'blocking'} "
-              f"[{name}]: rank0 {line}")
+        where = f"{a.hosts} hosts at {a.rate}" if a.hosts else "loopback"
+        print(f"{a.op} {a.size} n={world} {a.device} {'async' if a.async_op else 'blocking'} "
+              f"{where} [{name}]: rank0 {line}")
+        slowest = max(range(world), key=lambda r: res[r][name].get("first_send", 0.0))
+        if world > 1:
+            line = " ".join(f"{k}={v:.0f}" for k, v in res[slowest][name].items())
+            print(f"    latest first send: rank{slowest} {line}")
     if profile:
         print(profile)
     if a.json:

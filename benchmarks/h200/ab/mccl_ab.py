@@ -9,7 +9,9 @@ counts; ``max_chunk`` is the cap of groups whose ranks have ``min_cores`` cores 
 untouched); ``inline_cuda=0`` runs blocking CUDA ops on the comm thread; ``gpu_wait=0``
 makes the comm thread sleep on the producer's marker instead of the side stream waiting for
 it on the GPU; ``start_write=0`` queues an op's first large send to the sender thread like
-the others instead of writing it at once; ``quickack=1`` sets TCP_QUICKACK on a data socket
+the others instead of writing it at once; ``write_max=N`` writes every send of up to N
+bytes at once like an op's first (the op's thread writes what the idle socket takes, the
+sender thread the rest), not only the first; ``quickack=1`` sets TCP_QUICKACK on a data socket
 before every blocking receive (Linux: ACK at once, not when the reader gets to the data);
 ``notsent=N`` sets TCP_NOTSENT_LOWAT to N bytes (-1: the kernel's unlimited default);
 ``cc=1`` / ``cc=2`` pick the reno / bbr congestion control for the data sockets (where the
@@ -163,6 +165,15 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
 
             return mesh, "send_frame", queued
         return mesh, "send_frame", send_frame
+    if key == "write_max":
+        mesh = importlib.import_module("mccl.transport.mesh").Mesh
+        send_frame = mesh.send_frame
+
+        def at_once(self, peer, header, payload, nbytes, on_done=None, start=False):
+            return send_frame(self, peer, header, payload, nbytes, on_done,
+                              start or nbytes <= value)
+
+        return mesh, "send_frame", at_once if value else send_frame
     if key == "quickack":
         import socket
 
