@@ -452,6 +452,24 @@ def test_listen_addresses_round_trip(host: str, port: int, text: str) -> None:
     assert split_host_port(text) == (host, port)
 
 
+def test_a_link_local_address_keeps_its_interface_and_is_dialled_through_ours() -> None:
+    """A link-local IPv6 address is only usable with an interface: the route's source address
+    keeps it (``%lo``), and a peer's (its own interface's name, ``%en1``) is dialled through
+    this rank's interface, whose name may differ."""
+    import socket
+
+    from mccl.transport import rendezvous as rdv
+
+    lo = socket.if_nameindex()[0]
+    assert rdv._with_scope(("fe80::1", 0, 0, lo[0])) == f"fe80::1%{lo[1]}"
+    assert rdv._with_scope(("fe80::1%x", 0, 0, lo[0])) == "fe80::1%x"
+    assert rdv._with_scope(("fd00::2", 0, 0, 0)) == "fd00::2"
+    assert rdv._with_scope(("10.0.0.2", 0)) == "10.0.0.2"
+    assert rdv._through_own_interface("fe80::2%en1", "fe80::1%en0") == "fe80::2%en0"
+    assert rdv._through_own_interface("fd00::2", "fd00::1") == "fd00::2"
+    assert rdv._through_own_interface("10.0.0.2", "10.0.0.1") == "10.0.0.2"
+
+
 def test_the_route_prefers_the_masters_ipv4_address(monkeypatch: pytest.MonkeyPatch) -> None:
     """A master name with both kinds of address (``localhost`` on a Mac lists ::1 first)
     keeps the IPv4 route every earlier version took; an IPv6-only one gets IPv6."""

@@ -90,3 +90,56 @@ def test_torchrun_two_hosts_two_workers_each(two_hosts: cl.Cluster, tmp_path: Pa
     results = sorted(m for ms in found for m in ms)
     assert results == [f"RESULT rank={r} world=4 local={r % 2} ok=True" for r in range(4)], \
         "\n".join(logs)
+
+
+def _over_link_local(rank: int, w: int, master: str, port: int) -> tuple:
+    import socket
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.pop("MCCL_SOCKET_IFNAME", None)  # the route to the master picks the address
+    dist.init_process_group("mccl", init_method=f"tcp://[{master}]:{port}", rank=rank,
+                            world_size=w, timeout=timedelta(seconds=30))
+    t = torch.full((300_001,), float(rank + 1))
+    dist.all_reduce(t)
+    peers = [p for p in dist.group.WORLD._mesh.peers if p is not None]
+    names = {p.sock.getpeername()[0].split("%")[0][:5] for p in peers}
+    ok = bool(t.eq(w * (w + 1) / 2).all())
+    dist.destroy_process_group()
+    return ok, names, {p.sock.family == socket.AF_INET6 for p in peers}
+
+
+LINK_LOCAL_WAIT_S = 10.0
+
+
+def _link_local(c: cl.Cluster, i: int) -> str:
+    """Host ``i``'s link-local IPv6 address once the kernel has finished checking it."""
+    import time
+
+    deadline = time.monotonic() + LINK_LOCAL_WAIT_S
+    while time.monotonic() < deadline:
+        out = subprocess.run([c.ip, "-n", c.hosts[i], "-6", "addr", "show", "dev", c.iface,
+                              "scope", "link"], capture_output=True, text=True, timeout=10)
+        m = re.search(r"inet6 (fe80::[0-9a-f:]+)/64 scope link\s*$", out.stdout, re.M)
+        if m:  # (no "tentative" after "scope link": duplicate detection is done)
+            return m.group(1)
+        time.sleep(0.2)
+    pytest.skip(f"host {i} has no usable IPv6 link-local address here")
+
+
+def test_hosts_reach_each_other_over_ipv6_link_local() -> None:
+    """A master given as a link-local IPv6 address (``fe80::...%eth0``): every rank listens
+    on its own link-local address with its interface, and the group connects over IPv6."""
+    import random
+
+    from mccl.bench.spawn import HOST_PORTS, Hosts, run_ranks
+
+    with emulated_hosts(3, None, PREFIX) as c:
+        master = f"{_link_local(c, 0)}%{c.iface}"
+        for i in (1, 2):
+            _link_local(c, i)
+        res = run_ranks(_over_link_local, 3, master, random.randint(*HOST_PORTS), init=False,
+                        timeout=TIMEOUT_S, hosts=Hosts(tuple(c.hosts), master, c.iface))
+    assert res == [(True, {"fe80:"}, {True})] * 3

@@ -187,7 +187,7 @@ def _route_address(master: str | None) -> str:
             s = socket.socket(family, socket.SOCK_DGRAM)
             try:
                 s.connect(sockaddr)
-                return s.getsockname()[0]
+                return _with_scope(s.getsockname())
             finally:
                 s.close()
         except OSError:
@@ -196,6 +196,27 @@ def _route_address(master: str | None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _with_scope(sockaddr: tuple) -> str:
+    """The host of a socket address, with its interface (``%en0``) where IPv6 needs one: a
+    link-local address means nothing without it."""
+    host = sockaddr[0]
+    scope = sockaddr[3] if len(sockaddr) > 3 else 0
+    if scope and "%" not in host:
+        try:
+            host = f"{host}%{socket.if_indextoname(scope)}"
+        except OSError:
+            host = f"{host}%{scope}"
+    return host
+
+
+def _through_own_interface(host: str, own: str) -> str:
+    """A peer's link-local IPv6 address names the peer's interface (``fe80::1%en1``), which
+    means nothing on this machine: reach it through this rank's own interface instead."""
+    if "%" in host and "%" in own:
+        return f"{host.split('%', 1)[0]}%{own.split('%', 1)[1]}"
+    return host
 
 
 def join_host_port(host: str, port: int) -> str:
@@ -427,8 +448,9 @@ class _Acceptor:
 
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
-          deadline: float) -> socket.socket:
-    family, sockaddr = _stream_address(*split_host_port(addr))
+          deadline: float, own: str = "") -> socket.socket:
+    host, port = split_host_port(addr)
+    family, sockaddr = _stream_address(_through_own_interface(host, own), port)
     last: Exception | None = None
     while time.monotonic() < deadline:
         s = socket.socket(family, socket.SOCK_STREAM)
@@ -476,7 +498,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
                         members)
             for peer in range(rank):
                 addr = store.get(f"{ns}addr/{peer}").decode()
-                socks[peer] = _dial(addr, secret, group, rank, peer, deadline)
+                socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address)
             socks.update(acceptor.wait(deadline))
         except BaseException:
             for s in list(socks.values()) + list(acceptor.socks.values()):
