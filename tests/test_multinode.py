@@ -112,6 +112,7 @@ def _over_link_local(rank: int, w: int, master: str, port: int) -> tuple:
 
 
 LINK_LOCAL_WAIT_S = 10.0
+LINK_LOCAL_PREFIX = "mccl6"  # not PREFIX: test runners in parallel (xdist) may run both
 
 
 def _link_local(c: cl.Cluster, i: int) -> str:
@@ -136,7 +137,7 @@ def test_hosts_reach_each_other_over_ipv6_link_local() -> None:
 
     from mccl.bench.spawn import HOST_PORTS, Hosts, run_ranks
 
-    with emulated_hosts(3, None, PREFIX) as c:
+    with emulated_hosts(3, None, LINK_LOCAL_PREFIX) as c:
         master = f"{_link_local(c, 0)}%{c.iface}"
         for i in (1, 2):
             _link_local(c, i)
