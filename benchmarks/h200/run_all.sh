@@ -205,6 +205,7 @@ stage_vit() {
 }
 
 stage_suite() {
+    need_ip  # the tests on emulated hosts skip without iproute2
     # -v and --durations: the log names every test that finished and the slowest ones, so a
     # test still running when the limit fires is the one missing from it
     run suite 240 "$PY" -m pytest -v -p no:cacheprovider -n 8 --durations=25 tests
