@@ -30,6 +30,7 @@ from .bench.cli import CliError, at_least, check_device, report
 from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
+from .transport.ifaddrs import ipv6_addresses
 from .transport.rendezvous import (
     _ifname_address,
     _route_address,
@@ -53,7 +54,8 @@ def best_device() -> str:
 
 
 def _interfaces() -> list[dict[str, Any]]:
-    return [{"name": name, "ipv4": _ifname_address(name)} for name in interface_names()]
+    return [{"name": name, "ipv4": _ifname_address(name), "ipv6": ipv6_addresses(name)}
+            for name in interface_names()]
 
 
 def _sysctl(names: list[str]) -> dict[str, str]:
@@ -278,7 +280,9 @@ def _print_caps(caps: dict[str, Any]) -> None:
         print(f"FAILED: bad mccl environment: {caps['env_error']}")
     addr_key = "address_to_master" if "address_to_master" in caps else "default_address"
     print(f"host {caps['hostname']}, {addr_key.replace('_', ' ')}: {caps[addr_key]}")
-    print("interfaces: " + ", ".join(f"{i['name']}={i['ipv4'] or '-'}" for i in caps["interfaces"]))
+    print("interfaces: " + ", ".join(
+        f"{i['name']}={'/'.join(([i['ipv4']] if i['ipv4'] else []) + i['ipv6']) or '-'}"
+        for i in caps["interfaces"]))
     lim = caps["socket_limits"]
     print("socket buffers: " + ", ".join(f"{k}={v}" for k, v in lim.items()))
 

@@ -367,6 +367,7 @@ def on_a_mac(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(rdv, "interface_names", lambda: list(MAC_IFACES))
     monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
+    monkeypatch.setattr(rdv, "_ifname_ipv6", lambda name: None)
     monkeypatch.setattr(rdv, "_route_address", lambda master: "192.168.1.5")
     return rdv
 
@@ -486,6 +487,37 @@ def test_the_route_prefers_the_masters_ipv4_address(monkeypatch: pytest.MonkeyPa
     monkeypatch.undo()
     assert rdv._resolve("no-such-host.invalid") is None
     assert rdv._route_address("127.0.0.1") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("utun0", "fd00::5"),               # no IPv4 address: its IPv6 one
+    ("en1,utun0", "fd00::5"),           # en1 has neither
+    ("en0,utun0", "192.168.1.5"),       # the first that has one wins
+    ("bridge0", "10.0.0.1"),            # IPv4 before IPv6 on one interface
+    ("^lo0,en,bridge", "fd00::5"),      # excluded, the route elsewhere: the first left
+    ("^en,bridge,utun", "127.0.0.1"),   # only loopback is left
+])
+def test_socket_ifname_takes_an_interface_with_ipv6_only(
+        spec: str, want: str, on_a_mac, monkeypatch: pytest.MonkeyPatch) -> None:
+    six = {"utun0": "fd00::5", "bridge0": "fd00::1", "lo0": "::1"}
+    monkeypatch.setattr(on_a_mac, "_ifname_ipv6", six.get)
+    assert on_a_mac.choose_address(spec, "mac0.local") == want
+
+
+def test_an_interfaces_ipv6_addresses_are_read() -> None:
+    """getifaddrs through ctypes: loopback's ::1, nothing for a name no interface has."""
+    import socket
+
+    from mccl.transport.ifaddrs import ipv6_addresses
+
+    assert ipv6_addresses("no-such-if0") == []
+    lo = socket.if_nameindex()[0][1]
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    assert "::1" in ipv6_addresses(lo)
 
 
 @pytest.mark.parametrize("seconds", [0, -1])

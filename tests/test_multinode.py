@@ -144,3 +144,28 @@ def test_hosts_reach_each_other_over_ipv6_link_local() -> None:
         res = run_ranks(_over_link_local, 3, master, random.randint(*HOST_PORTS), init=False,
                         timeout=TIMEOUT_S, hosts=Hosts(tuple(c.hosts), master, c.iface))
     assert res == [(True, {"fe80:"}, {True})] * 3
+
+
+def _named_interface(rank: int, w: int) -> tuple:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((300_001,), float(rank + 1))
+    dist.all_reduce(t)
+    peers = [p for p in dist.group.WORLD._mesh.peers if p is not None]
+    return bool(t.eq(w * (w + 1) / 2).all()), sorted(p.sock.getpeername()[0] for p in peers)
+
+
+def test_a_named_interface_with_ipv6_only() -> None:
+    """MCCL_SOCKET_IFNAME names an interface that has IPv6 addresses only: each rank listens
+    on its global IPv6 address there."""
+    from mccl.bench.spawn import Hosts, run_ranks
+
+    with emulated_hosts(3, None, LINK_LOCAL_PREFIX) as c:
+        for i, host in enumerate(c.hosts):
+            for argv in (["-4", "addr", "flush", "dev", c.iface],
+                         ["-6", "addr", "add", f"fd77::{i + 1}/64", "dev", c.iface, "nodad"]):
+                subprocess.run([c.ip, "-n", host, *argv], check=True, timeout=10)
+        res = run_ranks(_named_interface, 3, timeout=TIMEOUT_S,
+                        hosts=Hosts(tuple(c.hosts), "[fd77::1]", c.iface))
+    assert res == [(True, [f"fd77::{p + 1}" for p in range(3) if p != r]) for r in range(3)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -27,6 +28,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from . import handshake
+from .ifaddrs import ipv6_addresses
 
 log = logging.getLogger("mccl.rendezvous")
 
@@ -162,6 +164,21 @@ def _ifname_address(ifname: str) -> str | None:
     return socket.inet_ntoa(res[20:24])
 
 
+def _ifname_ipv6(ifname: str) -> str | None:
+    """The interface's first IPv6 address (global before link-local), or None."""
+    found = ipv6_addresses(ifname)
+    return found[0] if found else None
+
+
+def _interface_address(ifname: str) -> str | None:
+    """The address to use on an interface: its IPv4 address, else an IPv6 one."""
+    return _ifname_address(ifname) or _ifname_ipv6(ifname)
+
+
+def _is_loopback(addr: str) -> bool:
+    return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
+
+
 def _resolve(host: str) -> tuple[int, tuple] | None:
     """(family, sockaddr) of ``host`` (a name, an address, or an IPv6 address in brackets):
     its IPv4 address if it has one (what every earlier version used), else its IPv6 one."""
@@ -252,7 +269,8 @@ def choose_address(ifname: str | None, master: str | None) -> str:
     write: a comma list of names, tried in order, then as prefixes (``en`` matches ``en0``)
     unless ``=`` in front asks for exact names only; ``^`` in front excludes the listed ones
     and takes another (the one on the route to the master if it qualifies, else the first
-    that is not loopback). The first match with an IPv4 address wins.
+    that is not loopback). The first match with an address wins: its IPv4 address, else an
+    IPv6 one (global before link-local).
     """
     if not ifname:
         return _route_address(master)
@@ -272,22 +290,21 @@ def choose_address(ifname: str | None, master: str | None) -> str:
 
     if exclude:
         kept = [a for n in here if not any(matches(n, w) for w in names)
-                for a in [_ifname_address(n)] if a]
+                for a in [_interface_address(n)] if a]
         if kept:
             route = _route_address(master)
             return next((a for a in kept if a == route),
-                        next((a for a in kept if not a.startswith("127.")), kept[0]))
+                        next((a for a in kept if not _is_loopback(a)), kept[0]))
     else:  # the exact names in the list's order, then (unless '=') the names they start
         tries = names + ([n for w in names for n in here if n != w and matches(n, w)]
                          if not exact else [])
         for name in tries:
-            addr = _ifname_address(name)
+            addr = _interface_address(name)
             if addr:
                 return addr
     what = "other than those" if exclude else "matching that"
-    raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r}: no interface {what} has an IPv4 address "
-                     f"(interfaces here: {', '.join(here) or 'none found'}; on an IPv6-only "
-                     "network leave it unset and give MASTER_ADDR as an IPv6 address)")
+    raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r}: no interface {what} has an IPv4 or IPv6 "
+                     f"address (interfaces here: {', '.join(here) or 'none found'})")
 
 
 def shared_secret(store: Store, ns: str, rank: int, timeout_s: float,
