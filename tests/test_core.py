@@ -504,6 +504,23 @@ def test_socket_ifname_takes_an_interface_with_ipv6_only(
     assert on_a_mac.choose_address(spec, "mac0.local") == want
 
 
+def test_a_bsd_link_local_address_loses_its_embedded_interface_index() -> None:
+    """macOS's getifaddrs hands a link-local address with the interface index in its second
+    16-bit word (fe80:4::1): the text is the address without it, with the interface name."""
+    import ipaddress
+    import struct
+
+    from mccl.transport.ifaddrs import sockaddr_in6_text
+
+    def raw(addr: str, scope: int) -> bytes:  # BSD layout: length, family, port, flow, addr
+        return (struct.pack("=BBHI", 28, 30, 0, 0) + ipaddress.IPv6Address(addr).packed
+                + struct.pack("=I", scope))
+
+    assert sockaddr_in6_text(raw("fe80:4::1", 4), "en0") == (True, "fe80::1%en0")
+    assert sockaddr_in6_text(raw("fe80::aa", 0), "en1") == (True, "fe80::aa%en1")
+    assert sockaddr_in6_text(raw("fd00:4::1", 0), "en0") == (False, "fd00:4::1")
+
+
 def test_an_interfaces_ipv6_addresses_are_read() -> None:
     """getifaddrs through ctypes: loopback's ::1, nothing for a name no interface has."""
     import socket

@@ -45,6 +45,17 @@ def _family(raw: bytes) -> int:
     return struct.unpack_from("=H", raw, 0)[0]
 
 
+def sockaddr_in6_text(raw: bytes, ifname: str) -> tuple[bool, str]:
+    """(link-local?, text) of a ``sockaddr_in6`` on interface ``ifname``; a link-local
+    address carries the interface (``fe80::1%en0``)."""
+    packed = raw[ADDR_AT:ADDR_AT + 16]
+    link_local = ipaddress.IPv6Address(packed).is_link_local
+    if link_local:  # BSD kernels embed the interface index in bytes 2-3 (KAME)
+        packed = packed[:2] + b"\0\0" + packed[4:]
+    addr = ipaddress.IPv6Address(packed)
+    return link_local, f"{addr}%{ifname}" if link_local else str(addr)
+
+
 def ipv6_addresses(ifname: str) -> list[str]:
     """The interface's IPv6 addresses, global ones first, a link-local one with its
     interface (``fe80::1%en0``); [] where there are none or the lookup is not available."""
@@ -70,10 +81,8 @@ def ipv6_addresses(ifname: str) -> list[str]:
             # the family first: a shorter address (IPv4, link layer) must not be over-read
             if (name == ifname and entry.ifa_addr
                     and _family(ctypes.string_at(entry.ifa_addr, 2)) == socket.AF_INET6):
-                raw = ctypes.string_at(entry.ifa_addr, SOCKADDR_IN6_BYTES)
-                addr = ipaddress.IPv6Address(raw[ADDR_AT:ADDR_AT + 16])
-                link_local = addr.is_link_local
-                found.append((link_local, f"{addr}%{ifname}" if link_local else str(addr)))
+                found.append(sockaddr_in6_text(
+                    ctypes.string_at(entry.ifa_addr, SOCKADDR_IN6_BYTES), ifname))
             node = entry.ifa_next
     finally:
         freeifaddrs(head)
