@@ -112,7 +112,9 @@ def _over_link_local(rank: int, w: int, master: str, port: int) -> tuple:
 
 
 LINK_LOCAL_WAIT_S = 10.0
-LINK_LOCAL_PREFIX = "mccl6"  # not PREFIX: test runners in parallel (xdist) may run both
+# Each test's hosts have their own prefix: runners in parallel (xdist) may run them at once.
+LINK_LOCAL_PREFIX = "mccl6"
+IPV6_ONLY_PREFIX = "mccl6n"
 
 
 def _link_local(c: cl.Cluster, i: int) -> str:
@@ -161,7 +163,7 @@ def test_a_named_interface_with_ipv6_only() -> None:
     on its global IPv6 address there."""
     from mccl.bench.spawn import Hosts, run_ranks
 
-    with emulated_hosts(3, None, LINK_LOCAL_PREFIX) as c:
+    with emulated_hosts(3, None, IPV6_ONLY_PREFIX) as c:
         for i, host in enumerate(c.hosts):
             for argv in (["-4", "addr", "flush", "dev", c.iface],
                          ["-6", "addr", "add", f"fd77::{i + 1}/64", "dev", c.iface, "nodad"]):
