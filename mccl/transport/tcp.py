@@ -180,9 +180,9 @@ class Peer:
         self.probe_s = probe_s if probe_s is not None else timeout_s
         self.label = label
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = 0  # queued items not yet written; guarded by _count_lock
-        # Items ever queued and ever finished (written or failed), for ``ticket``/``passed``:
-        # the queue is FIFO, so item t is finished once _finished >= t. Guarded by _count_lock.
+        # Items ever queued and ever finished (written or failed); their difference is what
+        # is still pending. The queue is FIFO, so item t is finished once _finished >= t
+        # (``ticket``/``passed``). Guarded by _count_lock.
         self._queued = 0
         self._finished = 0
         self._count_lock = threading.Lock()
@@ -221,7 +221,6 @@ class Peer:
 
     def _put(self, header: bytes, payload, on_done) -> None:
         """``enqueue`` with ``_count_lock`` held."""
-        self._pending += 1
         self._queued += 1
         if self._thread is None:
             self._start()
@@ -279,12 +278,16 @@ class Peer:
         with self._count_lock:
             idle = self._pending == 0 or self._stopping
             if not idle:
-                self._pending += 1
                 self._queued += 1
                 self._q.put((None, _Marker(ev), None))
         if idle:
             ev.set()
         return ev
+
+    @property
+    def _pending(self) -> int:
+        """Queued items not yet written (read with ``_count_lock`` held)."""
+        return self._queued - self._finished
 
     def ticket(self) -> int:
         """A number for everything queued so far; ``passed`` tells without blocking or
@@ -343,7 +346,6 @@ class Peer:
                     except OSError as e:
                         self.send_error = e
             with self._count_lock:
-                self._pending -= 1
                 self._finished += 1
             if on_done is not None:
                 try:
