@@ -40,7 +40,7 @@ _IfAddrs._fields_ = [  # the same on Linux (glibc, musl) and macOS
 
 
 def _family(raw: bytes) -> int:
-    if sys.platform == "darwin" or "bsd" in sys.platform:
+    if sys.platform == "darwin":
         return raw[1]  # sa_len, then sa_family: one byte each
     return struct.unpack_from("=H", raw, 0)[0]
 
