@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from . import handshake
+from .fdlimit import GROUP_EXTRA_FDS, make_room
 from .ifaddrs import ipv6_addresses
 
 log = logging.getLogger("mccl.rendezvous")
@@ -501,6 +502,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
     ns = namespace(group_name)
     deadline = time.monotonic() + timeout_s
     secret = shared_secret(store, ns, rank, timeout_s, members)
+    make_room(size - 1 + GROUP_EXTRA_FDS, f"rank {rank} of group {group_name!r} ({size} ranks)")
     family, sockaddr = _stream_address(address, 0)
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
