@@ -30,6 +30,7 @@ from .bench.cli import CliError, at_least, check_device, report
 from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
+from .transport import fdlimit
 from .transport.ifaddrs import ipv6_addresses
 from .transport.rendezvous import (
     _ifname_address,
@@ -142,6 +143,7 @@ def capabilities() -> dict[str, Any]:
         "address_to_master" if master else "default_address": address,
         "interfaces": _interfaces(),
         "socket_limits": socket_limits(),
+        "open_files": fdlimit.summary(),
     }
 
 
@@ -285,6 +287,12 @@ def _print_caps(caps: dict[str, Any]) -> None:
         for i in caps["interfaces"]))
     lim = caps["socket_limits"]
     print("socket buffers: " + ", ".join(f"{k}={v}" for k, v in lim.items()))
+    files = caps["open_files"]
+    if files["soft"] is not None:
+        largest = files["largest_group"]
+        print(f"open files: {files['open']} open, limit {files['soft']} (hard {files['hard']}); "
+              + (f"a group of up to {largest} ranks fits (mccl raises the soft limit as needed)"
+                 if largest is not None else "no limit"))
 
 
 def selftest_variants(device: str) -> list[tuple[bool | None, str]]:

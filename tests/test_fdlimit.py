@@ -100,6 +100,19 @@ def test_a_refused_raise_still_leaves_what_fits(limits) -> None:
     assert fake.limits == (128, INFINITY) and len(fake.calls) == 2
 
 
+@pytest.mark.parametrize("soft,hard,platform,want", [
+    (256, INFINITY, "darwin", (256, "unlimited", 10240 - 40 - 4 + 1)),
+    (256, 4096, "linux", (256, 4096, 4096 - 40 - 4 + 1)),
+    (8192, 8192, "darwin", (8192, 8192, 8192 - 40 - 4 + 1)),
+    (INFINITY, INFINITY, "linux", ("unlimited", "unlimited", None)),
+])
+def test_the_doctor_is_told_the_largest_group_that_fits(limits, soft, hard, platform,
+                                                        want) -> None:
+    limits(soft, hard, platform)
+    got = fdlimit.summary()
+    assert (got["soft"], got["hard"], got["largest_group"]) == want and got["open"] == 40
+
+
 def test_open_descriptors_are_counted() -> None:
     import os
 

@@ -80,3 +80,19 @@ def make_room(sockets: int, what: str) -> None:
             f"open, and the open-file limit is {soft} (hard limit "
             f"{'unlimited' if hard == resource.RLIM_INFINITY else hard}): raise it on every "
             "host (ulimit -n) before starting the job"))
+
+
+def summary() -> dict[str, int | str | None]:
+    """For ``python -m mccl doctor``: descriptors open, the limits, and the largest group whose
+    sockets would fit once ``make_room`` raised the soft limit as far as it may."""
+    if resource is None:
+        return {"open": None, "soft": None, "hard": None, "largest_group": None}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = open_count()
+    top = soft if soft == resource.RLIM_INFINITY else max(soft, _ceiling(hard))
+    unlimited = resource.RLIM_INFINITY
+    largest = None if top == unlimited else max(1, top - in_use - GROUP_EXTRA_FDS + 1)
+    return {"open": in_use,
+            "soft": "unlimited" if soft == unlimited else soft,
+            "hard": "unlimited" if hard == unlimited else hard,
+            "largest_group": largest}
