@@ -307,6 +307,34 @@ def test_device_id_init_path(kind: str) -> None:
     assert res == ["ok [2.0, 2.0]"] * 2
 
 
+def _per_device_backends(rank: int, w: int, port: int, spec: str) -> tuple:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    dist.init_process_group(spec, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=w, timeout=timedelta(seconds=30))
+    pg = dist.group.WORLD
+    t = torch.full((300_001,), float(rank + 1))  # the ring, not just the small-op path
+    dist.all_reduce(t)
+    sub = dist.new_group(list(range(w)))
+    u = torch.full((5,), float(rank))
+    dist.all_reduce(u, group=sub)
+    kinds = (type(pg).__name__, type(sub).__name__)
+    named = dist.get_backend()
+    dist.destroy_process_group()
+    return kinds, named == spec, bool(t.eq(t[0]).all()), t[0].item(), u.tolist()
+
+
+@pytest.mark.parametrize("spec", ["cpu:gloo,mps:mccl", "mps:mccl,cpu:gloo", "cpu:mccl"])
+def test_a_backend_per_device_gives_one_mccl_group(spec: str) -> None:
+    """``init_process_group("cpu:gloo,mps:mccl")``, as Mac users write it: torch lets the
+    Python group stand for the whole group, so CPU tensors go through mccl too, with the same
+    results, whichever device the string names first."""
+    res = run_ranks(_per_device_backends, 3, free_port(), spec, init=False, timeout=90)
+    assert res == [(("ProcessGroupMCCL", "ProcessGroupMCCL"), True, True, 6.0, [3.0] * 5)] * 3
+
+
 def _init_with_pg_options(rank: int, w: int, port: int) -> tuple:
     import logging
 
