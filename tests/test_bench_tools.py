@@ -565,6 +565,26 @@ def test_oppath_stages_in_order_for_each_variant(tmp_path: Path) -> None:
     assert "function calls" in res.stdout and "reduce_scatter" in doc["profile"]
 
 
+def test_mesh_setup_connects_every_rank_in_both_orders(tmp_path: Path) -> None:
+    """benchmarks/mesh_setup.py at 6 ranks, both dial orders, a backlog of 2: every rank
+    connected in every row."""
+    out = tmp_path / "m.json"
+    argv = [sys.executable, "benchmarks/mesh_setup.py", "--ranks", "6", "--rounds", "1",
+            "--backlog", "2", "--json", str(out)]
+    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["order"] for r in rows] == ["nearest", "zero"]
+    assert all(r["connected"] == 6 and not r["errors"] and r["backlog"] == 2 for r in rows)
+
+
+def test_a_rank_dials_its_nearest_lower_peer_first() -> None:
+    from mccl.transport import rendezvous
+
+    assert list(rendezvous.dial_order(4)) == [3, 2, 1, 0] and not rendezvous.dial_order(0)
+
+
 def test_ab_settings_apply_and_restore() -> None:
     """The A/B hook (benchmarks/h200/ab/mccl_ab.py) changes a constant and puts it back, and
     refuses a key it does not know."""

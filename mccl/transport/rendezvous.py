@@ -42,6 +42,10 @@ GAVE_UP_KEY = "gave_up"
 DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
+#: Listen backlog, at least the group's size (the kernel caps it: somaxconn, 128 by default on
+#: macOS); ranks dial their lower-numbered peers nearest first, so no rank gets every dial at
+#: once (64 ranks on one machine with a backlog of 4: 6.3 s to connect dialling rank 0 first,
+#: 1.1 s nearest first; `benchmarks/mesh_setup.py`).
 LISTEN_BACKLOG = 128
 #: Unauthenticated connections held at once; beyond this the oldest is dropped.
 MAX_PENDING = 256
@@ -491,6 +495,12 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
     raise TimeoutError(f"rank {rank} could not connect to rank {peer} at {addr}: {last}")
 
 
+def dial_order(rank: int) -> Sequence[int]:
+    """The peers ``rank`` dials (those below it), nearest first: rank r's first dial goes to
+    r - 1, so no rank gets every rank's first dial at once (``LISTEN_BACKLOG``)."""
+    return range(rank - 1, -1, -1)
+
+
 def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s: float,
                  address: str, members: Sequence[int] | None = None,
                  ) -> tuple[int, dict[int, socket.socket]]:
@@ -507,7 +517,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.bind(sockaddr)
-        listener.listen(LISTEN_BACKLOG)
+        listener.listen(max(LISTEN_BACKLOG, size))
         port = listener.getsockname()[1]
         acceptor = _Acceptor(listener, secret, group, rank, size, set(range(rank + 1, size)))
         store.set(f"{ns}addr/{rank}", join_host_port(address, port))
@@ -515,7 +525,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         try:
             await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic(),
                         members)
-            for peer in range(rank):
+            for peer in dial_order(rank):
                 addr = store.get(f"{ns}addr/{peer}").decode()
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address)
             socks.update(acceptor.wait(deadline))
