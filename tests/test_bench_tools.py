@@ -151,6 +151,8 @@ def test_bench_cli_writes_wellformed_json(tmp_path: Path) -> None:
         assert row["time_us"] > 0 and row["iters"] >= 1
         assert math.isclose(row["busbw_gbs"],
                             row["algbw_gbs"] * bus_factor(row["op"], row["world_size"]))
+        # the ranks' CPU per op (every thread): spent, and no more cores than the machine has
+        assert row["cpu_us"] > 0 and 0 < row["cpu_cores"] <= doc["machine"]["cpu_count"]
     assert {r["backend"] for r in doc["rows"]} == set(backends)
     assert png.stat().st_size > 0
     assert "busbw" in res.stdout and "all_gather" in res.stdout
@@ -638,7 +640,8 @@ def test_ab_settings_apply_and_restore() -> None:
 def test_ab_report_keeps_the_ops_of_one_run_apart(tmp_path: Path) -> None:
     """An A/B run that benches several ops: the table has a row per op, variant and world
     (it once kept only the op benched last) and names sizes under 1 MB."""
-    rows = [{"op": op, "size": size, "pct_ceiling": pct} for op, size, pct in
+    rows = [{"op": op, "size": size, "pct_ceiling": pct, "cpu_cores": pct / 100}
+            for op, size, pct in
             (("all_reduce", 512 << 10, 80.0), ("all_reduce", 1 << 20, 90.0),
              ("all_gather", 512 << 10, 70.0), ("all_gather", 1 << 20, 60.0))]
     (tmp_path / "new-n4.json").write_text(json.dumps({"rows": rows}))
@@ -657,6 +660,8 @@ def test_ab_report_keeps_the_ops_of_one_run_apart(tmp_path: Path) -> None:
     assert len(lines) == 2 + 3, table
     ab_report.plot(ab_report.load(tmp_path), tmp_path / "ab.png")
     assert (tmp_path / "ab.png").stat().st_size > 0
+    cores = ab_report.table(ab_report.load(tmp_path, "cpu_cores"), 2).splitlines()
+    assert "| all_gather | new | 4 | 0.70 | 0.60 |" in cores, cores
 
 
 @pytest.mark.parametrize("opts", [{}, {"send_piece": 1000}, {"recv_piece": 1200}])

@@ -146,9 +146,10 @@ class _Progress:
                    if self.ceiling else "")
             bad = "  CHECK FAILED" if ev.get("check") is False else ""
             reps = f"*{ev['reps']}" if ev.get("reps", 1) > 1 else ""
+            cpu = f"  cpu {ev['cpu_cores']:.2f} cores/rank" if "cpu_cores" in ev else ""
             print(f"{tag} {ev['op']:<14} {format_size(ev['size']):>6}  "
                   f"{ev['time_us']:>11.1f} us  busbw {ev['busbw_gbs']:8.3f} GB/s{pct}"
-                  f"  x{ev['iters']}{reps}{bad}", file=sys.stderr, flush=True)
+                  f"  x{ev['iters']}{reps}{cpu}{bad}", file=sys.stderr, flush=True)
         elif kind == "error":
             size = format_size(ev["size"]) if ev.get("size") else "-"
             print(f"{tag} {ev['op']:<14} {size:>6}  ERROR: {ev['error']}", file=sys.stderr,

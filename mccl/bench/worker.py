@@ -101,8 +101,15 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
         if budget > 0:
             iters = max(min(iters, int(budget / (est * reps * case.queue))),
                         min(MIN_ITERS, iters))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     local = torch.tensor([timed(reps) for _ in range(iters)], dtype=torch.float64)
+    # CPU time of the whole process (every thread, user and system) over the timed samples,
+    # per op and as cores kept busy; the samples' barriers are counted in (they block).
+    cpu = torch.tensor([time.process_time() - cpu0, time.perf_counter() - wall0],
+                       dtype=torch.float64)
     dist.all_reduce(local, op=dist.ReduceOp.MAX, group=tgroup)  # per-iteration slowest rank
+    dist.all_reduce(cpu, group=tgroup)
+    cpu_s, wall_s = cpu.tolist()
     times = local.tolist()
     med = statistics.median(times)
     check_ok = None
@@ -115,7 +122,9 @@ def bench_one(op: str, size: int, cfg: dict[str, Any], rank: int, world: int,
             "dtype": cfg["dtype"], "world_size": world, "iters": iters, "reps": reps,
             "queue": case.queue,
             "time_us": med * 1e6, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
-            "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, world), "check": check_ok}
+            "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, world), "check": check_ok,
+            "cpu_us": cpu_s / world / (iters * reps * case.queue) * 1e6,
+            "cpu_cores": cpu_s / max(wall_s, 1e-9)}
 
 
 def _maybe_fault(op: str, rank: int, world: int) -> None:
