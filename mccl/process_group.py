@@ -142,9 +142,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                  group_name: str = "default", global_ranks: Sequence[int] | None = None):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        cfg = config.load()
-        config.apply_log_level(cfg.log_level)
-        self._cfg = cfg
         self._timeout = timeout
         default = not global_ranks  # torch's default group (init_process_group)
         if default:
@@ -157,8 +154,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._label = group_name or "default"
         self._group_name = group_name or ""
         timeout_s = _seconds(timeout)
-        address = choose_address(cfg.socket_ifname, _master_addr(store))
-        try:
+        try:  # a rank that fails here tells the others (give_up), who then stop waiting
+            cfg = config.load()
+            config.apply_log_level(cfg.log_level)
+            self._cfg = cfg
+            address = choose_address(cfg.socket_ifname, _master_addr(store))
             if not default:  # the default group has every rank: no member list to disagree on
                 agree_members(store, self._global_ranks[rank], self._global_ranks,
                               self._label, timeout_s)
@@ -172,7 +172,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address,
                                            self._global_ranks)
         except Exception as e:
-            give_up(store, self._label, self._global_ranks[rank], e)
+            give_up(store, self._label, self._global_ranks[rank], e, size)
             raise
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)

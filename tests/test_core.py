@@ -708,3 +708,47 @@ def test_ranks_that_did_not_join_are_named_in_both_numberings() -> None:
         await_ranks(store, namespace("g"), "cores", [1], 0.2, members=[2, 5])
     with pytest.raises(TimeoutError, match=r"global rank\(s\) \[2\] did not join"):
         agree_members(store, 5, [2, 5], "g2", 0.2)
+
+
+def _one_rank_cannot_start(rank: int, w: int, port: int, bad: str) -> str:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    if rank == 1:
+        os.environ[bad] = {"MCCL_SOCKET_IFNAME": "nosuchif0",
+                           "MCCL_LOG_LEVEL": "LOUD"}[bad]
+    try:  # a group timeout far beyond the test's: the others must not wait it out
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=600))
+        return "joined"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("bad", ["MCCL_SOCKET_IFNAME", "MCCL_LOG_LEVEL"])
+def test_a_rank_that_cannot_start_fails_the_others_at_once_with_its_reason(bad: str) -> None:
+    """Rank 1 of 3 fails before it connects (its interface, or its environment, is wrong):
+    ranks 0 and 2 stop waiting as soon as it gives up, and say why, instead of waiting out
+    the group timeout (600 s here; the test's own limit is 90 s) and saying only that rank 1
+    did not join."""
+    res = run_ranks(_one_rank_cannot_start, 3, free_port(), bad, init=False, timeout=90)
+    assert bad in res[1], res[1]
+    for rank in (0, 2):
+        assert res[rank].startswith("GaveUpError: mccl group"), res[rank]
+        assert "cannot form" in res[rank] and "global rank 1: " in res[rank], res[rank]
+        assert bad in res[rank] and res[1].split(": ", 1)[1][:60] in res[rank], res[rank]
+
+
+def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> None:
+    """Ranks that passed new_group other member lists share the group's name: a give-up by a
+    rank outside this group's members is not this group's failure; one inside is, at once."""
+    from mccl.transport.rendezvous import GaveUpError, await_ranks, give_up, namespace
+
+    store = torch.distributed.HashStore()
+    give_up(store, "g", 7, ValueError("other members"))
+    with pytest.raises(TimeoutError, match="did not join"):
+        await_ranks(store, namespace("g"), "cores", [1], 0.2, members=[2, 5])
+    give_up(store, "g", 5, ValueError("its interface is wrong"))
+    with pytest.raises(GaveUpError, match="global rank 5: its interface is wrong"):
+        await_ranks(store, namespace("g"), "cores", [1], 60.0, members=[2, 5])

@@ -515,9 +515,9 @@ def _departures(rank: int, world: int) -> dict:
         except Exception as e:  # noqa: BLE001
             out["join"] = str(e)
     dist.barrier()
-    # 6. ... and when it does create the group, after they gave up: it hears that they had
-    # stopped waiting (not only that they "did not join": they never got to publish the keys
-    # it waits for).
+    # 6. ... and when it does create the group, after they gave up: it hears at once that
+    # they had stopped waiting, and why (not that they "did not join": they never got to
+    # publish the keys it waits for).
     if rank == 2:
         try:
             dist.new_group([0, 1, 2], timeout=timedelta(seconds=2))
@@ -541,7 +541,9 @@ def test_peers_that_went_away_or_stopped_reading() -> None:
     for r in (r0, r1):
         assert "did not join" in r["join"] and "[2]" in r["join"], r["join"]
     late = res[2]["late join"]
-    assert "stopped waiting before" in late and "rank(s) [2] did not join" in late, late
+    # at once, with their reason, instead of after its own timeout
+    assert "cannot form: a rank stopped waiting" in late, late
+    assert "rank(s) [2] did not join" in late, late
 
 
 def _late_but_alive(rank: int, world: int) -> str:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -38,6 +38,19 @@ HELLO_TIMEOUT_S = 5.0
 #: The key (in a group's namespace) where a rank that stopped waiting for the others
 #: leaves its reason for those still to come (``give_up``).
 GAVE_UP_KEY = "gave_up"
+#: Under it, a count of the ranks that gave up and, numbered from 1, who they were, so a
+#: waiting rank sees with one read that the group can no longer form.
+GAVE_UP_COUNT = GAVE_UP_KEY + "/count"
+GAVE_UP_WHO = GAVE_UP_KEY + "/who/"
+#: A waiting rank looks for the keys it waits for (and for a rank that gave up) after this
+#: long, then twice as long each time, up to ``WAIT_POLL_MAX_S``: a blocking wait on the store
+#: could not also notice that a rank had given up, so the others waited out the whole group
+#: timeout (30 minutes by default) for a rank that had failed at once.
+WAIT_POLL_FIRST_S = 0.001
+WAIT_POLL_MAX_S = 0.05
+#: A rank that gives up keeps the store (which one of them hosts) up until every rank of the
+#: group has seen that and given up too, or this long: the others then read why.
+GAVE_UP_LINGER_S = 2.0
 #: Port a route lookup "connects" its UDP socket to (nothing is sent).
 DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
@@ -64,49 +77,107 @@ SYSCTL_MAX_BYTES = 128
 class Store(Protocol):
     def set(self, key: str, value: str | bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
+class GaveUpError(ConnectionError):
+    """A rank of the group stopped waiting for it (its reason is in the message): the group
+    cannot form, so the ranks still waiting give up too instead of waiting out the timeout."""
+
+
 def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: float,
-                members: Sequence[int] | None = None, label: str = "rank(s)") -> None:
-    """Wait (at most ``timeout_s``, the group's timeout: the store's own default is the
-    default group's, 30 minutes unless set) until every rank in ``ranks`` has published its
-    ``{ns}{what}/{rank}`` key; the error names the ranks that did not, and says so where one
-    of them had stopped waiting for the group before (``give_up``): it never got to publish
-    the keys a rank arriving later waits for, which would otherwise read as "did not join".
+                members: Sequence[int] | None = None, label: str = "rank(s)",
+                among: Collection[int] | None = None) -> None:
+    """Wait (at most ``timeout_s``, the group's timeout) until every rank in ``ranks`` has
+    published its ``{ns}{what}/{rank}`` key. Raises ``GaveUpError`` as soon as any rank of
+    the group has given up on it (``give_up``), with that rank's reason. The timeout's error
+    names the ranks that did not come, and says so where one of them had stopped waiting for
+    the group before: it never got to publish the keys a rank arriving later waits for, which
+    would otherwise read as "did not join".
     ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
     the group (give-up notes are kept by global rank: ranks that disagree on the members of a
     group of one name share its key space; the error gives those too). ``label`` names what
-    ``ranks`` count ("global rank(s)" where they are global ranks)."""
+    ``ranks`` count ("global rank(s)" where they are global ranks). ``among``: the global
+    ranks whose giving up means the group cannot form (default: ``members``, else any rank;
+    ranks that passed ``new_group`` other member lists share the group's name, not its
+    fate)."""
     keys = [f"{ns}{what}/{r}" for r in ranks]
     if not keys:
         return
-    try:
-        store.wait(keys, timedelta(seconds=max(timeout_s, 0.001)))
-    except Exception as e:  # noqa: BLE001 - torch raises DistStoreError (or RuntimeError)
-        missing = [r for r, k in zip(ranks, keys, strict=True) if not _has(store, k)]
-        if not missing:
-            raise
-        group = ns.rstrip("/").rsplit("/", 1)[-1]
-        notes = [_note(store, ns, members[r] if members else r) for r in missing]
-        said = "; ".join(f"rank {r}: {n}" for r, n in zip(missing, notes, strict=True) if n)
-        who = f"{label} {missing}"
-        if members and any(members[r] != r for r in missing):
-            who += f" (global {[members[r] for r in missing]})"
-        raise TimeoutError(f"mccl group '{group}': {who} did not join within "
-                           f"{timeout_s:.0f}s (the group's timeout)"
-                           + (f"; they had stopped waiting before: {said}" if said else "")
-                           ) from e
+    group = ns.rstrip("/").rsplit("/", 1)[-1]
+    deadline = time.monotonic() + max(timeout_s, 0.001)
+    pause = WAIT_POLL_FIRST_S
+    fate = set(among if among is not None else members if members is not None else ())
+    seen: list[tuple[int, str]] = []
+    while True:
+        try:
+            if store.check(keys):
+                return
+            quit_ = [(g, n) for g, n in _who_gave_up(store, ns, seen) if not fate or g in fate]
+        except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError and kin
+            raise ConnectionError(
+                f"mccl group '{group}': the rendezvous store failed while waiting for "
+                f"{label} {ranks}: {e} (the process hosting the store, rank 0 unless "
+                "torchrun's agent hosts it, may have exited: its own error says why)") from e
+        if quit_:
+            causes = [(g, n) for g, n in quit_ if CANNOT_FORM not in n] or quit_
+            said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
+            raise GaveUpError(f"mccl group '{group}' {CANNOT_FORM} ({said})")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, WAIT_POLL_MAX_S)
+    missing = [r for r, k in zip(ranks, keys, strict=True) if not _has(store, k)]
+    notes = [_note(store, ns, members[r] if members else r) for r in missing]
+    said = "; ".join(f"rank {r}: {n}" for r, n in zip(missing, notes, strict=True) if n)
+    who = f"{label} {missing}"
+    if members and any(members[r] != r for r in missing):
+        who += f" (global {[members[r] for r in missing]})"
+    raise TimeoutError(f"mccl group '{group}': {who} did not join within "
+                       f"{timeout_s:.0f}s (the group's timeout)"
+                       + (f"; they had stopped waiting before: {said}" if said else ""))
 
 
-def give_up(store: Store, group_name: str, global_rank: int, error: BaseException) -> None:
-    """Leave word, for the group's ranks still to come, that this rank stopped waiting for
-    the group and why (best effort: the store may be what failed)."""
+def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
+            size: int = 0) -> None:
+    """Leave word, for the group's other ranks (waiting, or still to come), that this rank
+    stopped waiting for the group and why (best effort: the store may be what failed). Then
+    wait until all ``size`` ranks have given up, at most ``GAVE_UP_LINGER_S``, so that a
+    store this process hosts is still there when the others look."""
+    ns = namespace(group_name)
     try:
-        store.set(f"{namespace(group_name)}{GAVE_UP_KEY}/{global_rank}", str(error))
+        store.set(f"{ns}{GAVE_UP_KEY}/{global_rank}", str(error))
+        count = store.add(ns + GAVE_UP_COUNT, 1)
+        store.set(f"{ns}{GAVE_UP_WHO}{count}", str(global_rank))
+        deadline = time.monotonic() + GAVE_UP_LINGER_S
+        while count < size and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_MAX_S)
+            count = store.add(ns + GAVE_UP_COUNT, 0)
     except Exception:  # noqa: BLE001
         log.debug("could not leave the give-up note for group %s", group_name, exc_info=True)
+
+
+#: The ranks that gave up named in a ``GaveUpError``: the first ones are the cause, the
+#: later ones gave up because of them (their reasons, which say ``CANNOT_FORM``, are left out).
+GAVE_UP_NAMED = 3
+CANNOT_FORM = "cannot form: a rank stopped waiting for it"
+
+
+def _who_gave_up(store: Store, ns: str, seen: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """(global rank, reason) of the ranks that gave up on groups of this name (``give_up``),
+    in order; ``seen`` holds those read by earlier calls of one wait (extended here), so each
+    is read once."""
+    count = store.add(ns + GAVE_UP_COUNT, 0)
+    for i in range(len(seen) + 1, count + 1):
+        key = f"{ns}{GAVE_UP_WHO}{i}"
+        if not store.check([key]):  # counted, not yet named: the next look finds it
+            break
+        g = int(store.get(key).decode())
+        seen.append((g, _note(store, ns, g) or "no reason given"))
+    return seen
 
 
 def _note(store: Store, ns: str, global_rank: int) -> str | None:
@@ -613,12 +684,12 @@ def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
 
 def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
               timeout_s: float, members: Sequence[int] | None = None,
-              label: str = "rank(s)") -> list[str]:
+              label: str = "rank(s)", among: Collection[int] | None = None) -> list[str]:
     """Publish ``value`` as ``{ns}{what}/{me}`` and return what the ranks ``others``
     published there (waiting for them at most ``timeout_s``; ``members``, ``label``: see
     ``await_ranks``)."""
     store.set(f"{ns}{what}/{me}", value)
-    await_ranks(store, ns, what, others, timeout_s, members, label)
+    await_ranks(store, ns, what, others, timeout_s, members, label, among)
     keys = [f"{ns}{what}/{r}" for r in others]
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
@@ -637,7 +708,7 @@ def agree_members(store: Store, global_rank: int, members: list[int], group_name
     mine = ",".join(map(str, members))
     others = [g for g in members if g != global_rank]
     lists = _exchange(store, namespace(group_name), "members", global_rank, mine, others,
-                      timeout_s, label="global rank(s)")
+                      timeout_s, label="global rank(s)", among=members)
     for g, theirs in zip(others, lists, strict=True):
         if theirs != mine:
             raise ValueError(
