@@ -24,7 +24,6 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Sequence
-from datetime import timedelta
 from typing import Protocol
 
 from . import handshake
@@ -42,6 +41,10 @@ GAVE_UP_KEY = "gave_up"
 #: waiting rank sees with one read that the group can no longer form.
 GAVE_UP_COUNT = GAVE_UP_KEY + "/count"
 GAVE_UP_WHO = GAVE_UP_KEY + "/who/"
+#: The ranks that gave up named in a ``GaveUpError``: the first ones are the cause, the
+#: later ones gave up because of them (their reasons, which say ``CANNOT_FORM``, are left out).
+GAVE_UP_NAMED = 3
+CANNOT_FORM = "cannot form: a rank stopped waiting for it"
 #: A waiting rank looks for the keys it waits for (and for a rank that gave up) after this
 #: long, then twice as long each time, up to ``WAIT_POLL_MAX_S``: a blocking wait on the store
 #: could not also notice that a rank had given up, so the others waited out the whole group
@@ -79,7 +82,6 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
-    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
 class GaveUpError(ConnectionError):
@@ -91,11 +93,9 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
                 members: Sequence[int] | None = None, label: str = "rank(s)",
                 among: Collection[int] | None = None) -> None:
     """Wait (at most ``timeout_s``, the group's timeout) until every rank in ``ranks`` has
-    published its ``{ns}{what}/{rank}`` key. Raises ``GaveUpError`` as soon as any rank of
-    the group has given up on it (``give_up``), with that rank's reason. The timeout's error
-    names the ranks that did not come, and says so where one of them had stopped waiting for
-    the group before: it never got to publish the keys a rank arriving later waits for, which
-    would otherwise read as "did not join".
+    published its ``{ns}{what}/{rank}`` key. Raises ``GaveUpError`` as soon as a rank of the
+    group has given up on it (``give_up``), with that rank's reason (a rank arriving after the
+    others gave up learns why at once); the timeout's error names the ranks that did not come.
     ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
     the group (give-up notes are kept by global rank: ranks that disagree on the members of a
     group of one name share its key space; the error gives those too). ``label`` names what
@@ -131,14 +131,11 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
         time.sleep(min(pause, left))
         pause = min(2 * pause, WAIT_POLL_MAX_S)
     missing = [r for r, k in zip(ranks, keys, strict=True) if not _has(store, k)]
-    notes = [_note(store, ns, members[r] if members else r) for r in missing]
-    said = "; ".join(f"rank {r}: {n}" for r, n in zip(missing, notes, strict=True) if n)
     who = f"{label} {missing}"
     if members and any(members[r] != r for r in missing):
         who += f" (global {[members[r] for r in missing]})"
     raise TimeoutError(f"mccl group '{group}': {who} did not join within "
-                       f"{timeout_s:.0f}s (the group's timeout)"
-                       + (f"; they had stopped waiting before: {said}" if said else ""))
+                       f"{timeout_s:.0f}s (the group's timeout)")
 
 
 def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
@@ -158,12 +155,6 @@ def give_up(store: Store, group_name: str, global_rank: int, error: BaseExceptio
             count = store.add(ns + GAVE_UP_COUNT, 0)
     except Exception:  # noqa: BLE001
         log.debug("could not leave the give-up note for group %s", group_name, exc_info=True)
-
-
-#: The ranks that gave up named in a ``GaveUpError``: the first ones are the cause, the
-#: later ones gave up because of them (their reasons, which say ``CANNOT_FORM``, are left out).
-GAVE_UP_NAMED = 3
-CANNOT_FORM = "cannot form: a rank stopped waiting for it"
 
 
 def _who_gave_up(store: Store, ns: str, seen: list[tuple[int, str]]) -> list[tuple[int, str]]:
