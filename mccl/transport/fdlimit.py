@@ -51,6 +51,11 @@ def _ceiling(hard: int) -> int:
     return sys.maxsize if hard == infinite else hard
 
 
+def _shown(limit: int) -> int | str:
+    """A limit as the messages and the doctor give it."""
+    return "unlimited" if limit == resource.RLIM_INFINITY else limit
+
+
 def make_room(sockets: int, what: str) -> None:
     """Make sure ``sockets`` more descriptors fit under the soft open-file limit, raising it
     toward the hard limit if needed (doubling it, or more where the need is larger, plus
@@ -77,9 +82,8 @@ def make_room(sockets: int, what: str) -> None:
     if need > soft:
         raise OSError(errno.EMFILE, (
             f"{what} needs {sockets} more open files (one socket per peer), {in_use} are "
-            f"open, and the open-file limit is {soft} (hard limit "
-            f"{'unlimited' if hard == resource.RLIM_INFINITY else hard}): raise it on every "
-            "host (ulimit -n) before starting the job"))
+            f"open, and the open-file limit is {soft} (hard limit {_shown(hard)}): raise it "
+            "on every host (ulimit -n) before starting the job"))
 
 
 def summary() -> dict[str, int | str | None]:
@@ -90,9 +94,6 @@ def summary() -> dict[str, int | str | None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     in_use = open_count()
     top = soft if soft == resource.RLIM_INFINITY else max(soft, _ceiling(hard))
-    unlimited = resource.RLIM_INFINITY
-    largest = None if top == unlimited else max(1, top - in_use - GROUP_EXTRA_FDS + 1)
-    return {"open": in_use,
-            "soft": "unlimited" if soft == unlimited else soft,
-            "hard": "unlimited" if hard == unlimited else hard,
-            "largest_group": largest}
+    largest = (None if top == resource.RLIM_INFINITY
+               else max(1, top - in_use - GROUP_EXTRA_FDS + 1))
+    return {"open": in_use, "soft": _shown(soft), "hard": _shown(hard), "largest_group": largest}

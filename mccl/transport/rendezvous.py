@@ -98,7 +98,7 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
     others gave up learns why at once); the timeout's error names the ranks that did not come.
     ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
     the group (give-up notes are kept by global rank: ranks that disagree on the members of a
-    group of one name share its key space; the error gives those too). ``label`` names what
+    group of one name share its key space; the timeout's error gives both). ``label`` names what
     ``ranks`` count ("global rank(s)" where they are global ranks). ``among``: the global
     ranks whose giving up means the group cannot form (default: ``members``, else any rank;
     ranks that passed ``new_group`` other member lists share the group's name, not its
@@ -587,8 +587,9 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         try:
             await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic(),
                         members)
-            for peer in dial_order(rank):
-                addr = store.get(f"{ns}addr/{peer}").decode()
+            order = dial_order(rank)
+            addrs = _get_all(store, [f"{ns}addr/{peer}" for peer in order])
+            for peer, addr in zip(order, addrs, strict=True):
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address)
             socks.update(acceptor.wait(deadline))
         except BaseException:
@@ -681,7 +682,12 @@ def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: lis
     ``await_ranks``)."""
     store.set(f"{ns}{what}/{me}", value)
     await_ranks(store, ns, what, others, timeout_s, members, label, among)
-    keys = [f"{ns}{what}/{r}" for r in others]
+    return _get_all(store, [f"{ns}{what}/{r}" for r in others])
+
+
+def _get_all(store: Store, keys: list[str]) -> list[str]:
+    """The values of ``keys`` (all present), in one round trip where the store has
+    ``multi_get``."""
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
     return [v.decode() if isinstance(v, bytes) else v for v in raw]
