@@ -740,6 +740,55 @@ def test_a_rank_that_cannot_start_fails_the_others_at_once_with_its_reason(bad: 
         assert bad in res[rank] and res[1].split(": ", 1)[1][:60] in res[rank], res[rank]
 
 
+def test_the_mesh_phase_reads_the_store_for_give_ups_at_most_so_often() -> None:
+    """Dials and the acceptor look for give-ups every ``GIVE_UP_LOOK_S``, not on every retry;
+    a refused dial's last look is made at once."""
+    from mccl.transport.rendezvous import GaveUpError, GiveUpWatch, give_up, namespace
+
+    store = torch.distributed.HashStore()
+    watch = GiveUpWatch(store, namespace("g"), [0, 1], every_s=3600.0)
+    watch.look()  # nothing yet; the next look is an hour away
+    give_up(store, "g", 1, ValueError("its disk is full"))
+    watch.look()
+    with pytest.raises(GaveUpError, match="global rank 1: its disk is full"):
+        watch.look(now=True)
+
+
+def _one_rank_dies_while_connecting(rank: int, w: int, port: int) -> str:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl.transport import rendezvous
+
+    if rank == 1:  # killed right after it published its address: it leaves no reason
+        real = rendezvous.await_ranks
+
+        def die_once_published(store, ns, what, *args, **kwargs):
+            if what == "addr":
+                os._exit(17)
+            return real(store, ns, what, *args, **kwargs)
+
+        rendezvous.await_ranks = die_once_published
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=600))
+        return "joined"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> None:
+    """Rank 1 of 4 dies once its address is published: ranks 2 and 3, which dial it, find
+    it refusing and give up; rank 0, which waits for their dials, learns why from the
+    store. Before, all three waited out the group timeout (600 s here; the test's own limit
+    is 90 s)."""
+    res = run_ranks(_one_rank_dies_while_connecting, 4, free_port(), init=False, timeout=90,
+                    expect_missing=(1,))
+    for rank in (0, 2, 3):
+        assert "rank 1 exited or was killed" in res[rank], res[rank]
+    assert res[0].startswith("GaveUpError: mccl group"), res[0]
+
+
 def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> None:
     """Ranks that passed new_group other member lists share the group's name: a give-up by a
     rank outside this group's members is not this group's failure; one inside is, at once."""

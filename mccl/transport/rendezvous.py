@@ -58,6 +58,14 @@ GAVE_UP_LINGER_S = 2.0
 DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
+#: A rank listens before it publishes its address and keeps listening until every rank that
+#: dials it has connected, so a dial refused there means the rank is gone: killed, or failed
+#: without leaving a reason (a full listen backlog drops a dial on Linux and macOS, it does
+#: not refuse it). Dials refused this long fail, and the others learn it at once
+#: (``give_up``) instead of waiting out the group timeout for the rank's dial.
+REFUSED_FOR_S = 2.0
+#: How often a dial or the acceptor looks whether a rank gave up (``GiveUpWatch``).
+GIVE_UP_LOOK_S = 0.25
 #: Listen backlog, at least the group's size (the kernel caps it: somaxconn, 128 by default on
 #: macOS); ranks dial their lower-numbered peers nearest first, so no rank gets every dial at
 #: once (64 ranks on one machine with a backlog of 4: 6.3 s to connect dialling rank 0 first,
@@ -99,32 +107,21 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
     ``members``: the global rank of each of the group's ranks, where ``ranks`` count within
     the group (give-up notes are kept by global rank: ranks that disagree on the members of a
     group of one name share its key space; the timeout's error gives both). ``label`` names what
-    ``ranks`` count ("global rank(s)" where they are global ranks). ``among``: the global
-    ranks whose giving up means the group cannot form (default: ``members``, else any rank;
-    ranks that passed ``new_group`` other member lists share the group's name, not its
-    fate)."""
+    ``ranks`` count ("global rank(s)" where they are global ranks). ``among``: see
+    ``GiveUpWatch``."""
     keys = [f"{ns}{what}/{r}" for r in ranks]
     if not keys:
         return
-    group = ns.rstrip("/").rsplit("/", 1)[-1]
+    watch = GiveUpWatch(store, ns, members, among, waiting_for=f"{label} {ranks}")
     deadline = time.monotonic() + max(timeout_s, 0.001)
     pause = WAIT_POLL_FIRST_S
-    fate = set(among if among is not None else members if members is not None else ())
-    seen: list[tuple[int, str]] = []
     while True:
         try:
             if store.check(keys):
                 return
-            quit_ = [(g, n) for g, n in _who_gave_up(store, ns, seen) if not fate or g in fate]
         except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError and kin
-            raise ConnectionError(
-                f"mccl group '{group}': the rendezvous store failed while waiting for "
-                f"{label} {ranks}: {e} (the process hosting the store, rank 0 unless "
-                "torchrun's agent hosts it, may have exited: its own error says why)") from e
-        if quit_:
-            causes = [(g, n) for g, n in quit_ if CANNOT_FORM not in n] or quit_
-            said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
-            raise GaveUpError(f"mccl group '{group}' {CANNOT_FORM} ({said})")
+            raise watch.store_failed(e) from e
+        watch.look()
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -134,8 +131,52 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
     who = f"{label} {missing}"
     if members and any(members[r] != r for r in missing):
         who += f" (global {[members[r] for r in missing]})"
-    raise TimeoutError(f"mccl group '{group}': {who} did not join within "
+    raise TimeoutError(f"mccl group '{watch.group}': {who} did not join within "
                        f"{timeout_s:.0f}s (the group's timeout)")
+
+
+class GiveUpWatch:
+    """Has a rank of the group given up on it (``give_up``)? Every wait of a group's set-up
+    looks: the waits on the store (``await_ranks``) and those on the peers (a dial, the
+    acceptor), so one rank's failure fails the others at once, with its reason.
+
+    ``among``: the global ranks whose giving up means the group cannot form (default:
+    ``members``, else any rank; ranks that passed ``new_group`` other member lists share the
+    group's name, not its fate). ``every_s``: the store is read at most this often."""
+
+    def __init__(self, store: Store, ns: str, members: Sequence[int] | None = None,
+                 among: Collection[int] | None = None, waiting_for: str = "its ranks",
+                 every_s: float = 0.0):
+        self.store, self.ns, self.every_s = store, ns, every_s
+        self.group = ns.rstrip("/").rsplit("/", 1)[-1]
+        self.waiting_for = waiting_for
+        self._fate = set(among if among is not None else members if members is not None
+                         else ())
+        self._seen: list[tuple[int, str]] = []
+        self._next = 0.0
+
+    def look(self, now: bool = False) -> None:
+        """Raise ``GaveUpError`` if a rank of the group gave up (``every_s`` after the last
+        look at the earliest, unless ``now``)."""
+        t = time.monotonic()
+        if t < self._next and not now:
+            return
+        self._next = t + self.every_s
+        try:
+            quit_ = [(g, n) for g, n in _who_gave_up(self.store, self.ns, self._seen)
+                     if not self._fate or g in self._fate]
+        except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError and kin
+            raise self.store_failed(e) from e
+        if quit_:
+            causes = [(g, n) for g, n in quit_ if CANNOT_FORM not in n] or quit_
+            said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
+            raise GaveUpError(f"mccl group '{self.group}' {CANNOT_FORM} ({said})")
+
+    def store_failed(self, e: BaseException) -> ConnectionError:
+        return ConnectionError(
+            f"mccl group '{self.group}': the rendezvous store failed while waiting for "
+            f"{self.waiting_for}: {e} (the process hosting the store, rank 0 unless "
+            "torchrun's agent hosts it, may have exited: its own error says why)")
 
 
 def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
@@ -517,9 +558,14 @@ class _Acceptor:
         level = logging.WARNING if self.dropped <= 5 else logging.DEBUG
         log.log(level, "rank %d dropped an incoming connection: %s", self.rank, why)
 
-    def wait(self, deadline: float) -> dict[int, socket.socket]:
-        with self.cond:
-            while not self.expected <= set(self.socks):
+    def wait(self, deadline: float, watch: GiveUpWatch | None = None
+             ) -> dict[int, socket.socket]:
+        """The expected peers' sockets, once all have connected; ``watch``: stop waiting as
+        soon as a rank gave up on the group."""
+        while True:
+            with self.cond:
+                if self.expected <= set(self.socks):
+                    return dict(self.socks)
                 if self.error is not None:
                     raise ConnectionError(f"rank {self.rank}: accepting peers failed: "
                                           f"{self.error}") from self.error
@@ -527,15 +573,20 @@ class _Acceptor:
                 if left <= 0:
                     missing = sorted(self.expected - set(self.socks))
                     raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}")
-                self.cond.wait(min(left, 0.5))
-            return dict(self.socks)
+                self.cond.wait(min(left, GIVE_UP_LOOK_S))
+            if watch is not None:
+                watch.look()
 
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
-          deadline: float, own: str = "") -> socket.socket:
+          deadline: float, own: str = "", watch: GiveUpWatch | None = None) -> socket.socket:
+    """Connect to ``peer``'s published ``addr`` and authenticate, retrying until ``deadline``
+    unless the group cannot form: a rank gave up (``watch``), or ``peer`` refuses the
+    connection (``REFUSED_FOR_S``)."""
     host, port = split_host_port(addr)
     family, sockaddr = _stream_address(_through_own_interface(host, own), port)
     last: Exception | None = None
+    refused_since: float | None = None
     while time.monotonic() < deadline:
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -553,6 +604,22 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
         except OSError as e:
             last = e
             s.close()
+            now = time.monotonic()
+            if not isinstance(e, ConnectionRefusedError):
+                refused_since = None
+            elif refused_since is None:
+                refused_since = now
+            elif now - refused_since >= REFUSED_FOR_S:
+                if watch is not None:
+                    watch.look(now=True)  # the rank's own reason, if it left one
+                raise ConnectionError(
+                    f"rank {rank} could not connect to rank {peer} at {addr}: refused for "
+                    f"{REFUSED_FOR_S:g}s, though rank {peer} listened there when it published "
+                    f"that address, so rank {peer} exited or was killed before the group "
+                    "formed"
+                ) from e
+            if watch is not None:
+                watch.look()
             time.sleep(CONNECT_RETRY_S)
     raise TimeoutError(f"rank {rank} could not connect to rank {peer} at {addr}: {last}")
 
@@ -584,14 +651,16 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         acceptor = _Acceptor(listener, secret, group, rank, size, set(range(rank + 1, size)))
         store.set(f"{ns}addr/{rank}", join_host_port(address, port))
         socks: dict[int, socket.socket] = {}
+        watch = GiveUpWatch(store, ns, members, waiting_for="its peers' connections",
+                            every_s=GIVE_UP_LOOK_S)
         try:
             await_ranks(store, ns, "addr", list(range(rank)), deadline - time.monotonic(),
                         members)
             order = dial_order(rank)
             addrs = _get_all(store, [f"{ns}addr/{peer}" for peer in order])
             for peer, addr in zip(order, addrs, strict=True):
-                socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address)
-            socks.update(acceptor.wait(deadline))
+                socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address, watch)
+            socks.update(acceptor.wait(deadline, watch))
         except BaseException:
             for s in list(socks.values()) + list(acceptor.socks.values()):
                 s.close()
