@@ -17,6 +17,9 @@
 #             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
 #   cluster1g the cluster stage's CPU ops at 1 Gbit (issue #4's targets), 4 and 8 hosts, and
 #             small all-reduces on 4
+#   scale1g   more hosts than 8 (the published system ran 4-24 Macs): 1 Gbit links, where 16 cores
+#             drive 24 hosts; all_reduce on 2/4/8/16 of 16 hosts, then all_reduce/all_gather/
+#             reduce_scatter on 24, mccl vs gloo, CPU tensors (SCALE_HOSTS overrides "16 24")
 #   otherops  the same cluster, 4 and 8 hosts: broadcast, all_to_all, sendrecv 1M..256M, mccl vs
 #             gloo, CPU tensors
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
@@ -173,6 +176,20 @@ stage_cluster1g() {
             --ops all_reduce,all_gather,reduce_scatter --warmup 1 --time-budget 2 --iters 5
     done
     RATE=1gbit cluster_bench cluster1g_latency_n4 4 90 --sizes 8,64,1K,8K,64K --iters 50
+}
+
+stage_scale1g() {
+    # Beyond 8 hosts, at 1 Gbit (at 10 Gbit 8 hosts take the machine's 16 cores): a ring's
+    # 2(n-1) steps each add a hop's latency, which the alpha-beta model (mccl.bench.model)
+    # extrapolates from 2-8 hosts; these points check it
+    need_ip
+    local n worlds ops
+    for n in ${SCALE_HOSTS:-16 24}; do
+        if [ "$n" = 16 ]; then worlds=2,4,8,16; ops=all_reduce
+        else worlds=$n; ops=all_reduce,all_gather,reduce_scatter; fi
+        RATE=1gbit cluster_bench "scale1g_n$n" "$n" 240 --world-sizes "$worlds" --ops "$ops" \
+            --sizes 1M,4M,16M,64M,256M --warmup 1 --time-budget 2 --iters 5
+    done
 }
 
 stage_otherops() {
