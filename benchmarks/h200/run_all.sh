@@ -20,6 +20,10 @@
 #   scale1g   more hosts than 8 (the published system ran 4-24 Macs): 1 Gbit links, where 16 cores
 #             drive 24 hosts; all_reduce on 2/4/8/16 of 16 hosts, then all_reduce/all_gather/
 #             reduce_scatter on 24, mccl vs gloo, CPU tensors (SCALE_HOSTS overrides "16 24")
+#   scalefast more hosts at faster links, where the machine's cores may not keep up (its load is
+#             sampled from /proc/stat into cpu_load.log to tell): all_reduce 1M..64M on 4/8/16
+#             of 16 hosts at 5 Gbit, then 4/8/12 of 12 at 10 Gbit (SCALE_FAST_RUNS overrides:
+#             "rate:hosts:worlds ...")
 #   otherops  the same cluster, 4 and 8 hosts: broadcast, all_to_all, sendrecv 1M..256M, mccl vs
 #             gloo, CPU tensors
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
@@ -190,6 +194,39 @@ stage_scale1g() {
         RATE=1gbit cluster_bench "scale1g_n$n" "$n" 240 --world-sizes "$worlds" --ops "$ops" \
             --sizes 1M,4M,16M,64M,256M --warmup 1 --time-budget 2 --iters 5
     done
+}
+
+# cpu_sampler: the machine's busy share every 2 s (from /proc/stat: all but idle and iowait,
+# softirq included, where the emulated links' packets are handled) into $RES/cpu_load.log
+cpu_sampler() {
+    "$PY" -c '
+import os, time
+def read():
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    return sum(v), v[3] + v[4]
+t0, i0 = read()
+while True:
+    time.sleep(2)
+    t1, i1 = read()
+    busy = (t1 - t0 - (i1 - i0)) / max(1, t1 - t0)
+    print(time.strftime("%H:%M:%S"), f"busy {busy * os.cpu_count():.1f} of {os.cpu_count()} cores",
+          flush=True)
+    t0, i0 = t1, i1
+' >>"$RES/cpu_load.log" 2>&1 &
+    SAMPLER=$!
+}
+
+stage_scalefast() {
+    need_ip
+    local spec rate n worlds
+    cpu_sampler
+    for spec in ${SCALE_FAST_RUNS:-5gbit:16:4,8,16 10gbit:12:4,8,12}; do
+        IFS=: read -r rate n worlds <<<"$spec"
+        say "cpu_load.log: $(tail -1 "$RES/cpu_load.log" 2>/dev/null) (before $rate x$n)"
+        RATE=$rate cluster_bench "scale_${rate}_n$n" "$n" 200 --world-sizes "$worlds" \
+            --ops all_reduce --sizes 1M,4M,16M,64M --warmup 1 --time-budget 2 --iters 10
+    done
+    kill "$SAMPLER" 2>/dev/null
 }
 
 stage_otherops() {
