@@ -23,7 +23,7 @@
 #   scalefast more hosts at faster links, where the machine's cores may not keep up (its load is
 #             sampled from /proc/stat into cpu_load.log to tell): all_reduce 1M..64M on 4/8/16
 #             of 16 hosts at 5 Gbit, then 4/8/12 of 12 at 10 Gbit (SCALE_FAST_RUNS overrides:
-#             "rate:hosts:worlds ...")
+#             "rate:hosts:worlds[:tag] ...", the tag naming a repeat's files)
 #   otherops  the same cluster, 4 and 8 hosts: broadcast, all_to_all, sendrecv 1M..256M, mccl vs
 #             gloo, CPU tensors
 #   vit       DDP step of a ~115 M-parameter ViT on CUDA tensors, 4 emulated 10 Gbit hosts
@@ -218,12 +218,12 @@ while True:
 
 stage_scalefast() {
     need_ip
-    local spec rate n worlds
+    local spec rate n worlds tag
     cpu_sampler
     for spec in ${SCALE_FAST_RUNS:-5gbit:16:4,8,16 10gbit:12:4,8,12}; do
-        IFS=: read -r rate n worlds <<<"$spec"
+        IFS=: read -r rate n worlds tag <<<"$spec"
         say "cpu_load.log: $(tail -1 "$RES/cpu_load.log" 2>/dev/null) (before $rate x$n)"
-        RATE=$rate cluster_bench "scale_${rate}_n$n" "$n" 200 --world-sizes "$worlds" \
+        RATE=$rate cluster_bench "scale_${rate}_n$n${tag:+_$tag}" "$n" 200 --world-sizes "$worlds" \
             --ops all_reduce --sizes 1M,4M,16M,64M --warmup 1 --time-budget 2 --iters 10
     done
     kill "$SAMPLER" 2>/dev/null
