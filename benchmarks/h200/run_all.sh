@@ -191,7 +191,8 @@ stage_scale1g() {
     for n in ${SCALE_HOSTS:-16 24}; do
         if [ "$n" = 16 ]; then worlds=2,4,8,16; ops=all_reduce
         else worlds=$n; ops=all_reduce,all_gather,reduce_scatter; fi
-        RATE=1gbit cluster_bench "scale1g_n$n" "$n" 240 --world-sizes "$worlds" --ops "$ops" \
+        # (240 s ended the 16-host run in gloo's last cell, twenty-ninth session)
+        RATE=1gbit cluster_bench "scale1g_n$n" "$n" 300 --world-sizes "$worlds" --ops "$ops" \
             --sizes 1M,4M,16M,64M,256M --warmup 1 --time-budget 2 --iters 5
     done
 }
