@@ -789,6 +789,47 @@ def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> No
     assert res[0].startswith("GaveUpError: mccl group"), res[0]
 
 
+def _top_rank_dies_between_its_dials(rank: int, w: int, port: int) -> str:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl.transport import rendezvous
+
+    if rank == w - 1:  # dials w - 2 .. 1, then is killed before it dials rank 0
+        real = rendezvous._dial
+
+        def die_before_rank_0(addr, secret, group, me, peer, *args, **kwargs):
+            if peer == 0:
+                os._exit(17)
+            return real(addr, secret, group, me, peer, *args, **kwargs)
+
+        rendezvous._dial = die_before_rank_0
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=600))
+    except Exception as e:  # noqa: BLE001
+        return f"init: {type(e).__name__}: {e}"
+    try:  # ranks 1 .. w - 2 have their connections: their first op finds the dead rank
+        dist.all_reduce(torch.ones(4))
+        return "all_reduce returned"
+    except Exception as e:  # noqa: BLE001
+        return f"op: {type(e).__name__}: {e}"
+
+
+def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_it() -> None:
+    """Rank 3 of 4 connects to ranks 2 and 1 and dies before it dials rank 0, which nobody
+    else dials: ranks 1 and 2 form the group and their first op fails on the dead rank;
+    rank 0, still waiting for rank 3's dial, hears of it from their connections (an error
+    frame, or the end of the stream), instead of waiting out the group timeout (600 s here;
+    the test's own limit is 90 s)."""
+    res = run_ranks(_top_rank_dies_between_its_dials, 4, free_port(), init=False, timeout=90,
+                    expect_missing=(3,))
+    for rank in (1, 2):
+        assert res[rank].startswith("op: "), res[rank]
+    assert res[0].startswith("init: PeerGoneError: rank "), res[0]
+    assert "before the group formed at rank 0" in res[0] or "closed its connection" in res[0]
+
+
 def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> None:
     """Ranks that passed new_group other member lists share the group's name: a give-up by a
     rank outside this group's members is not this group's failure; one inside is, at once."""

@@ -28,7 +28,9 @@ from typing import Protocol
 
 from . import handshake
 from .fdlimit import GROUP_EXTRA_FDS, make_room
+from .framing import ERROR, HEADER_SIZE, STATE, FrameError, unpack_header
 from .ifaddrs import ipv6_addresses
+from .tcp import readable
 
 log = logging.getLogger("mccl.rendezvous")
 
@@ -64,8 +66,13 @@ CONNECT_RETRY_S = 0.05
 #: not refuse it). Dials refused this long fail, and the others learn it at once
 #: (``give_up``) instead of waiting out the group timeout for the rank's dial.
 REFUSED_FOR_S = 2.0
-#: How often a dial or the acceptor looks whether a rank gave up (``GiveUpWatch``).
+#: How often a dial or the acceptor looks whether a rank gave up (``GiveUpWatch``), and the
+#: acceptor whether a connected peer went away (``_Acceptor.hear_from``).
 GIVE_UP_LOOK_S = 0.25
+#: What the acceptor peeks at, leaving it there, on a connection of a group still forming
+#: (a peer whose own set-up is done may already send an op's frames on it): room for an error
+#: frame's reason behind a few state frames.
+EARLY_PEEK_BYTES = 1 << 16
 #: Listen backlog, at least the group's size (the kernel caps it: somaxconn, 128 by default on
 #: macOS); ranks dial their lower-numbered peers nearest first, so no rank gets every dial at
 #: once (64 ranks on one machine with a backlog of 4: 6.3 s to connect dialling rank 0 first,
@@ -73,6 +80,7 @@ GIVE_UP_LOOK_S = 0.25
 LISTEN_BACKLOG = 128
 #: Unauthenticated connections held at once; beyond this the oldest is dropped.
 MAX_PENDING = 256
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
                      errno.ECONNABORTED, errno.EPROTO}
 
@@ -90,6 +98,11 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
+
+
+class PeerGoneError(ConnectionError):
+    """A connected peer closed its connection, or reported that it failed, while this rank
+    still waited for its group to form: the group cannot form."""
 
 
 class GaveUpError(ConnectionError):
@@ -558,10 +571,12 @@ class _Acceptor:
         level = logging.WARNING if self.dropped <= 5 else logging.DEBUG
         log.log(level, "rank %d dropped an incoming connection: %s", self.rank, why)
 
-    def wait(self, deadline: float, watch: GiveUpWatch | None = None
-             ) -> dict[int, socket.socket]:
+    def wait(self, deadline: float, watch: GiveUpWatch | None = None,
+             dialled: dict[int, socket.socket] | None = None) -> dict[int, socket.socket]:
         """The expected peers' sockets, once all have connected; ``watch``: stop waiting as
-        soon as a rank gave up on the group."""
+        soon as a rank gave up on the group; ``dialled``: the connections this rank made,
+        watched with those accepted (``hear_from``)."""
+        dialled = dialled or {}
         while True:
             with self.cond:
                 if self.expected <= set(self.socks):
@@ -576,6 +591,51 @@ class _Acceptor:
                 self.cond.wait(min(left, GIVE_UP_LOOK_S))
             if watch is not None:
                 watch.look()
+            self.hear_from(dialled)
+
+    def hear_from(self, dialled: dict[int, socket.socket]) -> None:
+        """Raise ``PeerGoneError`` if a peer connected already (dialled, or accepted) has
+        closed its connection or sent an error frame: it died, or its own set-up ended and
+        its first op failed, while this rank still waits for another rank (which may never
+        come: a rank killed once its dials were done is dialled by nobody)."""
+        with self.cond:
+            conns = {**dialled, **self.socks}
+        for peer, conn in sorted(conns.items()):
+            if not readable(conn):
+                continue
+            try:
+                raw = conn.recv(EARLY_PEEK_BYTES, socket.MSG_PEEK | _DONTWAIT)
+            except (BlockingIOError, InterruptedError, TimeoutError):
+                continue
+            except OSError:
+                raw = b""  # reset: as good as closed
+            if not raw:
+                raise PeerGoneError(f"rank {peer} closed its connection to rank {self.rank} "
+                                    "before the group formed (it exited or was killed)")
+            said = _reported_failure(raw)
+            if said is not None:
+                raise PeerGoneError(f"rank {peer} failed before the group formed at rank "
+                                    f"{self.rank}: {said}")
+
+
+def _reported_failure(raw: bytes) -> str | None:
+    """The reason in an error frame at the start of ``raw`` (behind any state frames), the
+    start of a peer's stream; None where it starts otherwise (an op's data, a clean BYE) or
+    not all of the frame is there yet."""
+    at = 0
+    while len(raw) - at >= HEADER_SIZE:
+        try:
+            hdr = unpack_header(raw[at:at + HEADER_SIZE])
+        except FrameError:
+            return None  # the group's reader reports a garbled stream
+        body = at + HEADER_SIZE
+        if hdr.kind == STATE:
+            at = body + hdr.length
+        elif hdr.kind == ERROR and len(raw) >= body + hdr.length:
+            return bytes(raw[body:body + hdr.length]).decode("utf-8", "replace")
+        else:
+            return None
+    return None
 
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
@@ -660,7 +720,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
             addrs = _get_all(store, [f"{ns}addr/{peer}" for peer in order])
             for peer, addr in zip(order, addrs, strict=True):
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address, watch)
-            socks.update(acceptor.wait(deadline, watch))
+            socks.update(acceptor.wait(deadline, watch, socks))
         except BaseException:
             for s in list(socks.values()) + list(acceptor.socks.values()):
                 s.close()

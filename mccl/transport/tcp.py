@@ -130,7 +130,7 @@ def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | 
                     _timeval(max(SEND_TIMEOUT_FACTOR * timeout_s, 0.001)))
 
 
-def _readable(sock: socket.socket) -> bool:
+def readable(sock: socket.socket) -> bool:
     """Whether a read would not block (data or the end of the stream): asked before a peek,
     because an empty socket's peek costs a raised exception (about 5 us; this 1.4 us). A
     fresh poll object each time: a shared one may not be polled from two threads at once."""
@@ -383,7 +383,7 @@ class Peer:
     def peek(self, n: int) -> bytes | None:
         """Up to ``n`` waiting bytes, left in the socket (None: nothing waits; b"": the peer
         closed its side)."""
-        if not _readable(self.sock):
+        if not readable(self.sock):
             return None
         try:
             return self.sock.recv(n, _PEEK)
