@@ -91,3 +91,21 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
     if length > MAX_UNEXPECTED_BYTES:
         raise FrameError(f"frame length {length} exceeds {MAX_UNEXPECTED_BYTES}")
     return Header(kind, Signature(op, dtype, redop, root, count), group, seq, length)
+
+
+def after_states(raw: bytes | bytearray | memoryview, group: int) -> tuple[int, Header] | None:
+    """The first frame in ``raw`` (the start of a peer's stream, peeked) after any STATE
+    frames, with its offset, if its header is all there; None where it is not yet, or the
+    bytes are garbled or not ``group``'s (the reader reports those)."""
+    at = 0
+    while len(raw) - at >= HEADER_SIZE:
+        try:
+            hdr = unpack_header(raw[at:at + HEADER_SIZE])
+        except FrameError:
+            return None
+        if hdr.group != group:
+            return None
+        if hdr.kind != STATE:
+            return at, hdr
+        at += HEADER_SIZE + hdr.length
+    return None

@@ -32,6 +32,7 @@ from .framing import (
     FrameError,
     Header,
     Signature,
+    after_states,
     pack_header,
     unpack_header,
 )
@@ -320,18 +321,7 @@ class Mesh:
             return None
         if self._polling or self._reader not in (None, threading.current_thread()):
             return None  # a reader may be inside a frame: the bytes peeked need not start one
-        at = 0
-        while len(raw) - at >= HEADER_SIZE:
-            try:
-                hdr = unpack_header(raw[at:at + HEADER_SIZE])
-            except FrameError:
-                return None  # a garbled one is the reader's to report
-            if hdr.group != self.group:
-                return None
-            if hdr.kind != STATE:
-                return at, hdr
-            at += HEADER_SIZE + hdr.length
-        return None  # not all there yet
+        return after_states(raw, self.group)
 
     def _peeked_report(self, p: Peer, at: int, hdr: Header) -> PeerError:
         """The error that ``p``'s error frame ``hdr`` at ``at``, still in the socket, reports."""

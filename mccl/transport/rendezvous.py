@@ -28,9 +28,9 @@ from typing import Protocol
 
 from . import handshake
 from .fdlimit import GROUP_EXTRA_FDS, make_room
-from .framing import ERROR, HEADER_SIZE, STATE, FrameError, unpack_header
+from .framing import ERROR, HEADER_SIZE, after_states
 from .ifaddrs import ipv6_addresses
-from .tcp import readable
+from .tcp import peek
 
 log = logging.getLogger("mccl.rendezvous")
 
@@ -80,7 +80,6 @@ EARLY_PEEK_BYTES = 1 << 16
 LISTEN_BACKLOG = 128
 #: Unauthenticated connections held at once; beyond this the oldest is dropped.
 MAX_PENDING = 256
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
                      errno.ECONNABORTED, errno.EPROTO}
 
@@ -601,41 +600,33 @@ class _Acceptor:
         with self.cond:
             conns = {**dialled, **self.socks}
         for peer, conn in sorted(conns.items()):
-            if not readable(conn):
-                continue
             try:
-                raw = conn.recv(EARLY_PEEK_BYTES, socket.MSG_PEEK | _DONTWAIT)
-            except (BlockingIOError, InterruptedError, TimeoutError):
-                continue
+                raw = peek(conn, EARLY_PEEK_BYTES)
             except OSError:
                 raw = b""  # reset: as good as closed
+            if raw is None:
+                continue
             if not raw:
                 raise PeerGoneError(f"rank {peer} closed its connection to rank {self.rank} "
                                     "before the group formed (it exited or was killed)")
-            said = _reported_failure(raw)
+            said = _reported_failure(raw, self.group)
             if said is not None:
                 raise PeerGoneError(f"rank {peer} failed before the group formed at rank "
                                     f"{self.rank}: {said}")
 
 
-def _reported_failure(raw: bytes) -> str | None:
+def _reported_failure(raw: bytes, group: int) -> str | None:
     """The reason in an error frame at the start of ``raw`` (behind any state frames), the
     start of a peer's stream; None where it starts otherwise (an op's data, a clean BYE) or
     not all of the frame is there yet."""
-    at = 0
-    while len(raw) - at >= HEADER_SIZE:
-        try:
-            hdr = unpack_header(raw[at:at + HEADER_SIZE])
-        except FrameError:
-            return None  # the group's reader reports a garbled stream
-        body = at + HEADER_SIZE
-        if hdr.kind == STATE:
-            at = body + hdr.length
-        elif hdr.kind == ERROR and len(raw) >= body + hdr.length:
-            return bytes(raw[body:body + hdr.length]).decode("utf-8", "replace")
-        else:
-            return None
-    return None
+    found = after_states(raw, group)
+    if found is None:
+        return None
+    at, hdr = found
+    end = at + HEADER_SIZE + hdr.length
+    if hdr.kind != ERROR or len(raw) < end:
+        return None
+    return bytes(raw[at + HEADER_SIZE:end]).decode("utf-8", "replace")
 
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,

@@ -130,7 +130,7 @@ def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | 
                     _timeval(max(SEND_TIMEOUT_FACTOR * timeout_s, 0.001)))
 
 
-def readable(sock: socket.socket) -> bool:
+def _readable(sock: socket.socket) -> bool:
     """Whether a read would not block (data or the end of the stream): asked before a peek,
     because an empty socket's peek costs a raised exception (about 5 us; this 1.4 us). A
     fresh poll object each time: a shared one may not be polled from two threads at once."""
@@ -142,6 +142,17 @@ def readable(sock: socket.socket) -> bool:
     except (ValueError, OSError):  # closed here: the read reports it
         return True
     return bool(p.poll(0))
+
+
+def peek(sock: socket.socket, n: int) -> bytes | None:
+    """Up to ``n`` bytes waiting on ``sock``, left there (None: nothing waits; b"": the peer
+    closed its side); a connection error raises ``OSError``."""
+    if not _readable(sock):
+        return None
+    try:
+        return sock.recv(n, _PEEK)
+    except _TIMEOUTS:
+        return None
 
 
 def byte_view(buf) -> memoryview:
@@ -383,12 +394,8 @@ class Peer:
     def peek(self, n: int) -> bytes | None:
         """Up to ``n`` waiting bytes, left in the socket (None: nothing waits; b"": the peer
         closed its side)."""
-        if not readable(self.sock):
-            return None
         try:
-            return self.sock.recv(n, _PEEK)
-        except _TIMEOUTS:
-            return None
+            return peek(self.sock, n)
         except OSError as e:
             raise self._conn_error(e) from e
 
