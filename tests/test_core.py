@@ -710,20 +710,26 @@ def test_ranks_that_did_not_join_are_named_in_both_numberings() -> None:
         agree_members(store, 5, [2, 5], "g2", 0.2)
 
 
-def _one_rank_cannot_start(rank: int, w: int, port: int, bad: str) -> str:
+def _join_or_why(rank: int, w: int, port: int) -> str | None:
+    """Join the default mccl group; None, or why not (``Type: message``). Its group timeout
+    is far beyond the tests' limits: the others must not wait it out."""
     import torch.distributed as dist
 
     import mccl  # noqa: F401
 
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=600))
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def _one_rank_cannot_start(rank: int, w: int, port: int, bad: str) -> str:
     if rank == 1:
         os.environ[bad] = {"MCCL_SOCKET_IFNAME": "nosuchif0",
                            "MCCL_LOG_LEVEL": "LOUD"}[bad]
-    try:  # a group timeout far beyond the test's: the others must not wait it out
-        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=w, timeout=timedelta(seconds=600))
-        return "joined"
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
+    return _join_or_why(rank, w, port) or "joined"
 
 
 @pytest.mark.parametrize("bad", ["MCCL_SOCKET_IFNAME", "MCCL_LOG_LEVEL"])
@@ -755,9 +761,6 @@ def test_the_mesh_phase_reads_the_store_for_give_ups_at_most_so_often() -> None:
 
 
 def _one_rank_dies_while_connecting(rank: int, w: int, port: int) -> str:
-    import torch.distributed as dist
-
-    import mccl  # noqa: F401
     from mccl.transport import rendezvous
 
     if rank == 1:  # killed right after it published its address: it leaves no reason
@@ -769,12 +772,7 @@ def _one_rank_dies_while_connecting(rank: int, w: int, port: int) -> str:
             return real(store, ns, what, *args, **kwargs)
 
         rendezvous.await_ranks = die_once_published
-    try:
-        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=w, timeout=timedelta(seconds=600))
-        return "joined"
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
+    return _join_or_why(rank, w, port) or "joined"
 
 
 def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> None:
@@ -792,7 +790,6 @@ def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> No
 def _top_rank_dies_between_its_dials(rank: int, w: int, port: int) -> str:
     import torch.distributed as dist
 
-    import mccl  # noqa: F401
     from mccl.transport import rendezvous
 
     if rank == w - 1:  # dials w - 2 .. 1, then is killed before it dials rank 0
@@ -804,11 +801,9 @@ def _top_rank_dies_between_its_dials(rank: int, w: int, port: int) -> str:
             return real(addr, secret, group, me, peer, *args, **kwargs)
 
         rendezvous._dial = die_before_rank_0
-    try:
-        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=w, timeout=timedelta(seconds=600))
-    except Exception as e:  # noqa: BLE001
-        return f"init: {type(e).__name__}: {e}"
+    failed = _join_or_why(rank, w, port)
+    if failed:
+        return f"init: {failed}"
     try:  # ranks 1 .. w - 2 have their connections: their first op finds the dead rank
         dist.all_reduce(torch.ones(4))
         return "all_reduce returned"
