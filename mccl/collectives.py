@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .algorithms import direct, doubling, ring
+from .algorithms import direct, doubling, grid, ring
 from .algorithms.base import Channel, Scratch, split
 from .reduce import UPCAST, Op, finisher, reducer
 
@@ -96,6 +96,7 @@ class AllReduce:
         self.io: SegmentIO | None = None
         self._red: _Reducible | None = None
         self._ring = False
+        self._cols: int | None = None  # a grid's row length (``grid.columns``), else the ring
         self._staged: tuple | None = None  # (work tensor, ready, final) of a staged op
 
     def stage(self, io: SegmentIO) -> None:
@@ -109,7 +110,11 @@ class AllReduce:
         red = self._red = _Reducible(hosts[0], copy=False)
         self._ring = red.arr.nbytes > SMALL_BYTES
         if self._ring:
-            ring.all_reduce_start(ch, red.arr)
+            self._cols = grid.columns(red.arr.shape[0], ch.size, red.arr.itemsize, ch.chunk_cap)
+            if self._cols:
+                grid.all_reduce_start(ch, red.arr, self._cols)
+            else:
+                ring.all_reduce_start(ch, red.arr)
 
     def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         fin = finisher(self.op, ch.size)
@@ -123,7 +128,9 @@ class AllReduce:
         red = self._red
         assert red is not None, "finish before start"
         fn = reducer(self.op, red.work.dtype)
-        if self._ring:
+        if self._cols:
+            grid.all_reduce(ch, red.arr, fn, fin, self.scratch, self._cols, started=True)
+        elif self._ring:
             ring.all_reduce(ch, red.arr, fn, fin, self.scratch, started=True)
         else:
             doubling.all_reduce(ch, red.arr, fn, fin, self.scratch)

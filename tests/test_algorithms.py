@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mccl.algorithms import base, direct, doubling, ring
+from mccl.algorithms import base, direct, doubling, grid, ring
 from mccl.algorithms.base import Scratch, split
 from mccl.reduce import Op, finisher, reducer
 
@@ -149,6 +149,53 @@ def test_all_reduce(world: int, n: int, algo: str) -> None:
 
     for got in run_all(world, body):
         np.testing.assert_array_equal(got, want)
+
+
+GRIDS = [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4), (9, 3), (12, 3), (12, 4)]
+
+
+@pytest.mark.parametrize(("world", "cols"), GRIDS)
+@pytest.mark.parametrize("n", [0, 1, 5, 1000, 70_001])
+@pytest.mark.parametrize("started", [False, True], ids=["one call", "two parts"])
+def test_grid_all_reduce(world: int, cols: int, n: int, started: bool) -> None:
+    """Every rank ends with the average, bit for bit the same on all (each element's result is
+    made once and copied), and says once that its sends are done. 70,001 float64 elements
+    make the row phases' segments two chunks or more."""
+    fn, fin = reducer(Op.AVG, torch.float64), finisher(Op.AVG, world)
+    want = sum(data(r, n) for r in range(world)) / world
+
+    def body(ch):
+        buf = data(ch.rank, n)
+        if started:
+            grid.all_reduce_start(ch, buf, cols)
+        grid.all_reduce(ch, buf, fn, fin, Scratch(), cols, started=started)
+        assert ch.sends_done_calls == 1
+        return buf
+
+    got = run_all(world, body)
+    np.testing.assert_allclose(got[0], want, rtol=1e-12)
+    for other in got[1:]:
+        np.testing.assert_array_equal(other.view(np.uint64), got[0].view(np.uint64))
+
+
+def test_grid_is_chosen_only_where_it_saves_ring_steps() -> None:
+    """``columns``: None below ``MIN_RANKS``, for prime sizes, where the ring's segments
+    already pipeline and where a grid would not halve the ring's steps; else a divisor of
+    the group whose rows pipeline."""
+    cap = base.MAX_CHUNK_BYTES
+    mb = (1 << 20) // 4  # float32 elements in 1 MiB
+    assert grid.columns(mb // 8, 3, 4, cap) is None
+    assert grid.columns(mb, 7, 4, cap) is None
+    assert grid.columns(mb, 4, 4, cap) is None  # 256 KiB segments: two chunks each
+    assert grid.columns(mb // 2, 4, 4, cap) is None  # 4 steps against the ring's 6
+    assert grid.columns(64 * mb, 16, 4, cap) is None
+    assert grid.columns(mb, 8, 4, cap) == 4  # rows of 256 KiB parts, then columns of two
+    assert grid.columns(mb, 16, 4, cap) == 4  # 8 steps against 30
+    for w in (4, 6, 8, 12, 16, 24, 36):
+        for n in (mb // 8, mb // 2, mb, 4 * mb):
+            cols = grid.columns(n, w, 4, cap)
+            assert cols is None or (w % cols == 0 and 2 <= cols <= w // 2
+                                    and base.chunk_count(-(-n // cols) * 4, None, cap) >= 2)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mccl.bench import cluster as cl
-from mccl.bench.model import fit_alpha_beta, report, ring_time
+from mccl.bench.model import fit_alpha_beta, mccl_steps, mccl_time, report, ring_time
 from mccl.bench.ops import bus_factor, canonical_op, element_count
 from mccl.bench.report import format_size, parse_size, size_range
 from tests.hosts import cluster_or_skip, emulated_hosts
@@ -429,8 +429,20 @@ def test_model_fit_recovers_synthetic_parameters() -> None:
     text = report({"rows": rows, "ceiling": {"bytes_per_s": 1.19e8}}, "mccl", fit, [24, 200],
                   10e9, [1 << 20, 1 << 26])
     assert " 200 " in text and "alpha" in text
+    assert "grid 40x5" in text  # 1 MiB on 200 hosts: what mccl would run
     with pytest.raises(ValueError):
         fit_alpha_beta([(4, 1024, 1e-3)])
+
+
+def test_model_counts_the_steps_mccl_runs() -> None:
+    """A grid's steps where ``grid.columns`` picks one (the same bytes, fewer steps), the
+    ring's elsewhere."""
+    mb = 1 << 20
+    assert mccl_steps(8, mb) == (2 * 3 + 2 * 1, 4)  # 2 rows of 4
+    assert mccl_steps(8, 64 * mb) == (14, None)
+    assert mccl_steps(3, mb) == (4, None)
+    assert mccl_time(16, mb, 30e-6, 1e9) < ring_time(16, mb, 30e-6, 1e9)
+    assert mccl_time(8, 64 * mb, 30e-6, 1e9) == ring_time(8, 64 * mb, 30e-6, 1e9)
 
 
 def test_model_cli_on_saved_results(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -208,3 +208,66 @@ def test_reference_is_round_once() -> None:
         for x in xs[1:]:
             stepwise = stepwise + x
         assert not torch.equal(stepwise, reference(xs, "SUM")), dtype
+
+
+GRID_WORLD = 8
+GRID_CASES = [("SUM", torch.float32), ("AVG", torch.float32), ("MAX", torch.bfloat16),
+              ("SUM", torch.float16), ("BXOR", torch.int64), ("PRODUCT", torch.float64)]
+
+
+def _grid(rank: int, world: int) -> tuple[list[str], int]:
+    """1 MiB all-reduces, which 8 ranks run as a 2 x 4 grid (``grid.columns``), blocking and
+    queued back to back (the engine starts an op's first sends early), checked exactly."""
+    from mccl.algorithms import grid
+
+    runs = []
+    plain = grid.all_reduce
+
+    def counted(*args, **kwargs):
+        runs.append(args[-1] if len(args) > 5 else kwargs.get("cols"))
+        plain(*args, **kwargs)
+
+    grid.all_reduce = counted
+    bad: list[str] = []
+    for op, dtype in GRID_CASES:
+        n = (1 << 20) // max(4, dtype.itemsize)  # halves run in float32: 1 MiB there too
+        xs = [make_input(r, op, dtype, n) for r in range(world)]
+        ref = reference(xs, op)
+        t = xs[rank].clone()
+        dist.all_reduce(t, op=OPS[op])
+        if not _same(t, ref):
+            bad.append(f"rank {rank}: all_reduce {op} {dtype}: wrong result")
+        ts = [xs[rank].clone() for _ in range(3)]
+        works = [dist.all_reduce(x, op=OPS[op], async_op=True) for x in ts]
+        for w in works:
+            w.wait()
+        bad += [f"rank {rank}: queued all_reduce {op} {dtype}: wrong result"
+                for x in ts if not _same(x, ref)]
+    return bad, len(runs)
+
+
+def test_all_reduce_over_a_grid() -> None:
+    results = run_ranks(_grid, GRID_WORLD, timeout=150)
+    failures = [f for bad, _ in results for f in bad]
+    assert not failures, "\n".join(failures[:20])
+    assert all(runs == 4 * len(GRID_CASES) for _, runs in results), results
+
+
+def _grid_against_ring(rank: int, world: int) -> str:
+    """The last rank all-reduces twice as many elements (the ring) as the others (a grid)."""
+    n = (1 << 20) // 4
+    t = torch.ones(2 * n if rank == world - 1 else n)
+    try:
+        dist.all_reduce(t)
+        dist.barrier()
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_grid_all_reduce_against_a_ring_of_another_size_fails_every_rank() -> None:
+    """The grid and the ring talk to different peers; a mismatch between them must still
+    reach every rank as an error naming it (the group timeout is longer than the test's)."""
+    msgs = run_ranks(_grid_against_ring, GRID_WORLD, timeout=60, pg_timeout_s=300)
+    for rank, msg in enumerate(msgs):
+        assert "collective mismatch" in msg and "262144" in msg and "524288" in msg, (rank, msg)

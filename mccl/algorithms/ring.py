@@ -161,7 +161,8 @@ def all_reduce_start(ch: Channel, buf: np.ndarray, chunk_bytes: int | None = Non
 
 def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
                scratch: Scratch, chunk_bytes: int | None = None,
-               ready: ChunkHook = None, final: ChunkHook = None, started: bool = False) -> None:
+               ready: ChunkHook = None, final: ChunkHook = None, started: bool = False,
+               gather: bool = True) -> None:
     """In-place all-reduce of a flat buffer: reduce-scatter then all-gather, one pipeline.
 
     ``ready(s, j)`` is called before chunk j of segment s is first read, ``final(s, j)`` once
@@ -169,7 +170,8 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     exchange; ``copy_plan``). Both are called for every chunk, empty ones included.
     ``started``: ``all_reduce_start`` already sent the first segment (with the same
     ``chunk_bytes`` and ``ready``). Before its last step, which only receives, it tells the
-    channel that its sends are done.
+    channel that its sends are done. ``gather=False`` stops after the reduce-scatter: rank r
+    then holds the reduced segment r (``finish`` applied), the other segments partial sums.
     """
     w, r = ch.size, ch.rank
     if w == 1:
@@ -193,7 +195,8 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
         all_reduce_start(ch, buf, chunk_bytes, ready)
     # (segment received at this step, reduce it?) in schedule order
     steps = [((r - s - 2) % w, True) for s in range(w - 1)]
-    steps += [((r - s - 1) % w, False) for s in range(w - 1)]
+    if gather:
+        steps += [((r - s - 1) % w, False) for s in range(w - 1)]
     last_reduce, last = w - 2, len(steps) - 1
     for i, (seg, red) in enumerate(steps):
         if i == last:

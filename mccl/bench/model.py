@@ -1,4 +1,4 @@
-"""Alpha-beta model of ring all-reduce, fitted to measured points and extrapolated.
+"""Alpha-beta model of mccl's all-reduce (ring or grid), fitted and extrapolated.
 
 Why: we can emulate a handful of hosts, but the question is how a ring behaves at 24 or 200
 hosts on 10 GbE. A ring all-reduce of S bytes on n hosts takes 2(n-1) steps, each moving
@@ -10,6 +10,10 @@ alpha = per-hop latency (software + network, per step), B = achieved per-link ba
 Both are fitted by least squares on relative error (so 1 KB and 256 MB points both count)
 from measured all_reduce rows at several world sizes. For another link speed, B is scaled by
 the efficiency measured here (B / single-stream ceiling), alpha is kept.
+
+Where mccl runs a mid-sized all-reduce as a grid of rows x cols ranks (``grid.columns``) it
+moves the same bytes in 2(cols - 1) + 2(rows - 1) steps; the predictions show that time
+beside the ring's, with the same alpha per step (fitted to the measured points as rings).
 
 ``python -m mccl.bench.model results.json [--png model.png]``
 """
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mccl.algorithms import base, grid
 from mccl.bench.cluster import tcp_payload_ceiling
 from mccl.bench.report import format_size, load_json
 
@@ -60,6 +65,21 @@ def ring_time(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> floa
 def ring_busbw(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> float:
     """nccl-tests busbw (bytes/s) the model predicts: algbw x 2(n-1)/n."""
     return size / ring_time(n, size, alpha_s, bandwidth_bps) * 2 * (n - 1) / n
+
+
+def mccl_steps(n: int, size: float) -> tuple[int, int | None]:
+    """(steps, row length) of the all-reduce mccl runs for ``size`` bytes of float32 on n
+    hosts with cores to spare: a grid where ``grid.columns`` picks one (row length), else
+    the ring (None)."""
+    cols = grid.columns(int(size) // 4, n, 4, base.MAX_CHUNK_BYTES)
+    if cols is None:
+        return 2 * (n - 1), None
+    return 2 * (cols - 1) + 2 * (n // cols - 1), cols
+
+
+def mccl_time(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> float:
+    """``ring_time`` with mccl's step count (a grid's where it runs one): the same bytes."""
+    return mccl_steps(n, size)[0] * alpha_s + 2 * (n - 1) / n * size / bandwidth_bps
 
 
 def half_bandwidth_size(n: int, alpha_s: float, bandwidth_bps: float) -> float:
@@ -129,13 +149,18 @@ def report(doc: dict[str, Any], backend: str, fit: Fit, hosts: Sequence[int],
     out += ["", f"prediction on {link_bits / 1e9:g} GbE links: B = {bw / 1e9:.4f} GB/s "
             f"(TCP payload max x efficiency {eff:.3f} measured here), "
             f"alpha = {fit.alpha_s * 1e6:.1f} us/hop",
-            f"{'hosts':>5} {'size':>7} {'time ms':>10} {'busbw GB/s':>11} {'% of B':>7}"]
+            f"{'hosts':>5} {'size':>7} {'time ms':>10} {'busbw GB/s':>11} {'% of B':>7}"
+            f"  {'mccl runs':>12} {'time ms':>8} {'% of B':>7}"]
     for n in hosts:
         for s in sizes:
             t = ring_time(n, s, fit.alpha_s, bw)
             b = ring_busbw(n, s, fit.alpha_s, bw)
+            cols = mccl_steps(n, s)[1]
+            shape = f"grid {n // cols}x{cols}" if cols else "the ring"
+            tm = mccl_time(n, s, fit.alpha_s, bw)
             out.append(f"{n:>5} {format_size(s):>7} {t * 1e3:>10.2f} {b / 1e9:>11.4f} "
-                       f"{100 * b / bw:>6.1f}%")
+                       f"{100 * b / bw:>6.1f}%  {shape:>12} {tm * 1e3:>8.2f} "
+                       f"{100 * t / tm * b / bw:>6.1f}%")
         out.append(f"{n:>5} half of B needs {format_size(half_bandwidth_size(n, fit.alpha_s, bw))}"
                    f"; 90% needs {format_size(9 * half_bandwidth_size(n, fit.alpha_s, bw))}")
     out.append("(assumes alpha does not grow with n and the ring stays link-bound, i.e. CPU "
@@ -157,12 +182,12 @@ def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Seq
     pts = allreduce_points(doc, backend)
     ceiling = (doc.get("ceiling") or {}).get("bytes_per_s")
     fig, (ax_m, ax_p) = plt.subplots(1, 2, figsize=(13, 5))
-    grid = np.logspace(3, 29, 200, base=2.0)
+    sizes = np.logspace(3, 29, 200, base=2.0)
     for i, n in enumerate(sorted({p[0] for p in pts})):
         mine = sorted(p for p in pts if p[0] == n)
         ax_m.plot([p[1] for p in mine], [p[1] / p[2] * 2 * (n - 1) / n / 1e9 for p in mine],
                   "o", color=f"C{i}", label=f"measured n={n}")
-        ax_m.plot(grid, [fit.busbw(n, s) / 1e9 for s in grid], "-", color=f"C{i}",
+        ax_m.plot(sizes, [fit.busbw(n, s) / 1e9 for s in sizes], "-", color=f"C{i}",
                   label=f"model n={n}")
     if ceiling:
         ax_m.axhline(ceiling / 1e9, color="k", lw=1, alpha=0.5, label="TCP ceiling")
@@ -170,10 +195,13 @@ def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Seq
                    f"(alpha={fit.alpha_s * 1e6:.0f}us)")
     bw, _ = project(fit, ceiling, link_bits)
     for i, n in enumerate(hosts):
-        ax_p.plot(grid, [ring_busbw(n, s, fit.alpha_s, bw) / 1e9 for s in grid],
-                  color=f"C{i}", label=f"{n} hosts")
+        ax_p.plot(sizes, [ring_busbw(n, s, fit.alpha_s, bw) / 1e9 for s in sizes],
+                  color=f"C{i}", label=f"{n} hosts, ring")
+        ax_p.plot(sizes, [s / mccl_time(n, s, fit.alpha_s, bw) * 2 * (n - 1) / n / 1e9
+                          for s in sizes], "--", color=f"C{i}",
+                  label=f"{n} hosts, grid where mccl runs one")
     ax_p.axhline(bw / 1e9, color="k", lw=1, alpha=0.5, label="B on target link")
-    ax_p.set_title(f"predicted ring busbw on {link_bits / 1e9:g} GbE")
+    ax_p.set_title(f"predicted busbw on {link_bits / 1e9:g} GbE")
     for ax in (ax_m, ax_p):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
