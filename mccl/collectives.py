@@ -302,6 +302,14 @@ def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
     return t.reshape(-1).to(up).numpy() if up is not None else as_array(t)
 
 
+def _grid_columns(ch: Channel, flat: np.ndarray) -> int | None:
+    """The row length of the grid a flat all-gather or reduce-scatter of ``flat`` (every
+    rank's part, in rank order) runs on, or None for the ring: its long phase runs along the
+    column over the ``grid.columns`` ranks an all-reduce of this size would put in a row."""
+    long = grid.columns(flat.shape[0], ch.size, flat.itemsize, ch.chunk_cap)
+    return ch.size // long if long else None
+
+
 class ReduceScatter:
     """Reduce-scatter in the engine's two parts (see ``AllReduce``): ``start`` sends input
     segment r - 1. Host tensors: the inputs, one per rank, then the output (``flat``: the
@@ -314,12 +322,19 @@ class ReduceScatter:
         self.scratch = scratch
         self.flat = flat
         self._parts: tuple[torch.Tensor, list[np.ndarray]] | None = None
+        self._grid: tuple[np.ndarray, int] | None = None  # (flat input, row length)
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         out = hosts[0] if self.flat else hosts[-1]
         up = UPCAST.get(out.dtype)
         if self.flat:
-            src = _segments(_readable(hosts[1], up), ch.size)
+            arr = _readable(hosts[1], up)
+            cols = _grid_columns(ch, arr)
+            if cols:
+                self._parts, self._grid = (out, []), (arr, cols)
+                grid.reduce_scatter_start(ch, arr, cols)
+                return
+            src = _segments(arr, ch.size)
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
         self._parts = (out, src)
@@ -331,7 +346,11 @@ class ReduceScatter:
         up = UPCAST.get(out.dtype)
         work = torch.empty(out.numel(), dtype=up) if up is not None else out.reshape(-1)
         fn, fin = reducer(self.op, work.dtype), finisher(self.op, ch.size)
-        ring.reduce_scatter(ch, src, work.numpy(), fn, fin, self.scratch, started=True)
+        if self._grid is not None:
+            arr, cols = self._grid
+            grid.reduce_scatter(ch, arr, work.numpy(), fn, fin, self.scratch, cols, started=True)
+        else:
+            ring.reduce_scatter(ch, src, work.numpy(), fn, fin, self.scratch, started=True)
         if up is not None:
             out.reshape(-1).copy_(work)
 
@@ -344,18 +363,30 @@ class AllGather:
     def __init__(self, flat: bool):
         self.flat = flat
         self._parts: tuple[list[np.ndarray], np.ndarray] | None = None
+        self._grid: tuple[np.ndarray, int] | None = None  # (flat output, row length)
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         if self.flat:
-            segs = _segments(as_bytes(hosts[0]), ch.size)
+            out = as_bytes(hosts[0])
+            segs = _segments(out, ch.size)
+            cols = _grid_columns(ch, out)
+            if cols:
+                self._grid = (out, cols)
         else:
             segs = [as_bytes(o) for o in hosts[:-1]]
         self._parts = (segs, as_bytes(hosts[-1]))
-        ring.all_gather_start(ch, *self._parts)
+        if self._grid is not None:
+            grid.all_gather_start(ch, *self._parts, self._grid[1])
+        else:
+            ring.all_gather_start(ch, *self._parts)
 
     def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         assert self._parts is not None, "finish before start"
-        ring.all_gather(ch, *self._parts, started=True)
+        if self._grid is not None:
+            out, cols = self._grid
+            grid.all_gather(ch, out, *self._parts, cols, started=True)
+        else:
+            ring.all_gather(ch, *self._parts, started=True)
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

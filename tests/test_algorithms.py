@@ -178,6 +178,55 @@ def test_grid_all_reduce(world: int, cols: int, n: int, started: bool) -> None:
         np.testing.assert_array_equal(other.view(np.uint64), got[0].view(np.uint64))
 
 
+@pytest.mark.parametrize(("world", "cols"), GRIDS)
+@pytest.mark.parametrize("m", [0, 1, 7, 40_001])
+@pytest.mark.parametrize("started", [False, True], ids=["one call", "two parts"])
+def test_grid_reduce_scatter(world: int, cols: int, m: int, started: bool) -> None:
+    """Rank r gets the average of every rank's part r. Sends keep reading their buffers until
+    a later mark (``HeldSendChannel``): the row phase reuses the scratch buffers whose partial
+    sums the column phase sent only after they are out. 40,001 float64 elements per part make
+    the blocks several chunks (partial sums in spares and the pool)."""
+    fn, fin = reducer(Op.AVG, torch.float64), finisher(Op.AVG, world)
+    flats = [data(r, world * m) for r in range(world)]
+    want = sum(flats) / world
+
+    def body(ch):
+        out = np.full(m, np.nan)
+        scratch = Scratch()
+        if started:
+            grid.reduce_scatter_start(ch, flats[ch.rank], cols)
+        grid.reduce_scatter(ch, flats[ch.rank], out, fn, fin, scratch, cols, started=started)
+        assert ch.sends_done_calls == 1
+        return out
+
+    for r, got in enumerate(run_all(world, body, HeldSendChannel)):
+        np.testing.assert_allclose(got, want[r * m:(r + 1) * m], rtol=1e-12)
+    for f, r in zip(flats, range(world), strict=True):  # inputs only read
+        np.testing.assert_array_equal(f, data(r, world * m))
+
+
+@pytest.mark.parametrize(("world", "cols"), GRIDS)
+@pytest.mark.parametrize("m", [0, 1, 7, 300_001])
+@pytest.mark.parametrize("started", [False, True], ids=["one call", "two parts"])
+def test_grid_all_gather(world: int, cols: int, m: int, started: bool) -> None:
+    """Every rank ends with every rank's part in rank order (300,001 bytes per part: the
+    column phase's blocks are several chunks)."""
+
+    def body(ch):
+        flat = np.zeros(world * m, dtype=np.uint8)
+        segs = [flat[i * m:(i + 1) * m] for i in range(world)]
+        mine = np.full(m, ch.rank + 1, dtype=np.uint8)
+        if started:
+            grid.all_gather_start(ch, segs, mine, cols)
+        grid.all_gather(ch, flat, segs, mine, cols, started=started)
+        assert ch.sends_done_calls == 1
+        return flat
+
+    want = np.repeat(np.arange(1, world + 1, dtype=np.uint8), m)
+    for got in run_all(world, body, HeldSendChannel):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_grid_is_chosen_only_where_it_saves_ring_steps() -> None:
     """``columns``: None below ``MIN_RANKS``, for prime sizes, where the ring's segments
     already pipeline and where a grid would not halve the ring's steps; else a divisor of

@@ -215,42 +215,67 @@ GRID_CASES = [("SUM", torch.float32), ("AVG", torch.float32), ("MAX", torch.bflo
               ("SUM", torch.float16), ("BXOR", torch.int64), ("PRODUCT", torch.float64)]
 
 
-def _grid(rank: int, world: int) -> tuple[list[str], int]:
-    """1 MiB all-reduces, which 8 ranks run as a 2 x 4 grid (``grid.columns``), blocking and
-    queued back to back (the engine starts an op's first sends early), checked exactly."""
+def _grid(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
+    """1 MiB all-reduces, reduce-scatters (of 1 MiB inputs) and all-gathers (into 1 MiB),
+    which 8 ranks run on grids (``grid.columns``), blocking and queued back to back (the
+    engine starts an op's first sends early), checked exactly."""
     from mccl.algorithms import grid
 
-    runs = []
-    plain = grid.all_reduce
+    runs = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
 
-    def counted(*args, **kwargs):
-        runs.append(args[-1] if len(args) > 5 else kwargs.get("cols"))
-        plain(*args, **kwargs)
+    def counting(name: str):
+        plain = getattr(grid, name)
 
-    grid.all_reduce = counted
+        def counted(*args, **kwargs):
+            runs[name] += 1
+            plain(*args, **kwargs)
+
+        setattr(grid, name, counted)
+
+    for name in runs:
+        counting(name)
     bad: list[str] = []
+
+    def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        if not _same(got, want):
+            bad.append(f"rank {rank}: {what}: wrong result")
+
     for op, dtype in GRID_CASES:
         n = (1 << 20) // max(4, dtype.itemsize)  # halves run in float32: 1 MiB there too
         xs = [make_input(r, op, dtype, n) for r in range(world)]
         ref = reference(xs, op)
-        t = xs[rank].clone()
-        dist.all_reduce(t, op=OPS[op])
-        if not _same(t, ref):
-            bad.append(f"rank {rank}: all_reduce {op} {dtype}: wrong result")
-        ts = [xs[rank].clone() for _ in range(3)]
-        works = [dist.all_reduce(x, op=OPS[op], async_op=True) for x in ts]
+        m = n // world
+        ts = [xs[rank].clone() for _ in range(4)]
+        dist.all_reduce(ts[0], op=OPS[op])
+        works = [dist.all_reduce(x, op=OPS[op], async_op=True) for x in ts[1:]]
+        outs = [torch.empty(m, dtype=dtype) for _ in range(4)]
+        dist.reduce_scatter_tensor(outs[0], xs[rank], op=OPS[op])
+        works += [dist.reduce_scatter_tensor(o, xs[rank], op=OPS[op], async_op=True)
+                  for o in outs[1:]]
         for w in works:
             w.wait()
-        bad += [f"rank {rank}: queued all_reduce {op} {dtype}: wrong result"
-                for x in ts if not _same(x, ref)]
-    return bad, len(runs)
+        for x in ts:
+            check(f"all_reduce {op} {dtype}", x, ref)
+        for o in outs:
+            check(f"reduce_scatter_tensor {op} {dtype}", o, ref[rank * m:(rank + 1) * m])
+        gathered = [torch.empty(n, dtype=dtype) for _ in range(3)]
+        dist.all_gather_into_tensor(gathered[0], xs[rank][:m])
+        for w in [dist.all_gather_into_tensor(g, xs[rank][:m], async_op=True)
+                  for g in gathered[1:]]:
+            w.wait()
+        for g in gathered:
+            check(f"all_gather_into_tensor {dtype}", g, torch.cat([x[:m] for x in xs]))
+    return bad, runs
 
 
-def test_all_reduce_over_a_grid() -> None:
+def test_collectives_over_a_grid() -> None:
     results = run_ranks(_grid, GRID_WORLD, timeout=150)
     failures = [f for bad, _ in results for f in bad]
     assert not failures, "\n".join(failures[:20])
-    assert all(runs == 4 * len(GRID_CASES) for _, runs in results), results
+    want = {"all_reduce": 4 * len(GRID_CASES), "reduce_scatter": 4 * len(GRID_CASES),
+            # an all-gather moves the half types' 2 bytes: 512 KiB, a ring
+            "all_gather": 3 * sum(dtype.itemsize >= 4 for _, dtype in GRID_CASES)}
+    assert all(runs == want for _, runs in results), results
 
 
 def _grid_against_ring(rank: int, world: int) -> str:

@@ -1,4 +1,4 @@
-"""Two-level all-reduce for groups whose ring steps are too small to pipeline.
+"""Two-level collectives for groups whose ring steps are too small to pipeline.
 
 A ring of w ranks takes 2(w - 1) steps of one segment (1/w of the buffer) each. Where a
 segment is a single chunk (under two ``MIN_CHUNK_BYTES``), nothing on a rank overlaps a
@@ -19,6 +19,11 @@ several partners into one host's link at once). Each element's result is made on
 rank of a column ring, and copied to the others, so every rank ends with the same bits.
 Consecutive ranks share a row: where several ranks run on one machine, the row phases stay
 on that machine.
+
+The flat all-gather and reduce-scatter take two of those phases, with the long one (large
+blocks, pipelined) along the column so that a row's parts stay one contiguous block: the
+all-gather gathers along the row, then the rows' blocks along the column; the reduce-scatter
+reduce-scatters the blocks along the column, then the rank's block along the row.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ MIN_RANKS = 4
 #: more than they save. Those links give a hop's idle time back from their token bucket,
 #: which a switch port cannot, so on a real network the ring's steps cost more than there.
 MIN_STEPS_RATIO = 3.5
+#: The ``Scratch`` slot of a grid reduce-scatter's part (the ring's use slots 0-3).
+PART_SLOT = 8
 
 
 class _Line:
@@ -134,4 +141,58 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     ring.all_reduce(_Line(ch, row), buf, reduce, None, scratch, started=started, gather=False)
     ring.all_reduce(_Line(ch, col), part, reduce, finish, scratch)
     ring.all_gather(_Line(ch, row, last=True), [buf[offs[i]:offs[i + 1]] for i in range(cols)])
+    ch.flush()
+
+
+def _blocks(flat: np.ndarray, w: int, cols: int) -> list[np.ndarray]:
+    """A flat buffer of ``w`` rank parts in rank order, cut by rows: block i holds the parts
+    of row i's ranks (``cols`` of them, contiguous)."""
+    offs = split(flat.shape[0], w)
+    return [flat[offs[i * cols]:offs[(i + 1) * cols]] for i in range(w // cols)]
+
+
+def all_gather_start(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None,
+                     cols: int) -> None:
+    """The first sends of ``all_gather``: this rank's part, along its row."""
+    i = ch.rank // cols
+    ring.all_gather_start(_Line(ch, _lines(ch, cols)[0]), segs[i * cols:(i + 1) * cols], mine)
+
+
+def all_gather(ch: Channel, flat: np.ndarray, segs: list[np.ndarray], mine: np.ndarray | None,
+               cols: int, started: bool = False) -> None:
+    """All-gather into ``flat``, cut into ``segs`` (one per rank, in rank order): along the
+    row (single-chunk steps, ``cols - 1`` of them), then the rows' blocks along the column
+    (large, so they pipeline). Here the column is the long phase: ``cols`` = w / the
+    ``columns`` of the same size. ``mine``: this rank's input (see ``ring.all_gather``)."""
+    row, col = _lines(ch, cols)
+    i = ch.rank // cols
+    ring.all_gather(_Line(ch, row), segs[i * cols:(i + 1) * cols], mine, started=started)
+    ring.all_gather(_Line(ch, col, last=True), _blocks(flat, ch.size, cols))
+    ch.flush()
+
+
+def reduce_scatter_start(ch: Channel, flat: np.ndarray, cols: int) -> None:
+    """The first sends of ``reduce_scatter``: a row block, along the column."""
+    ring.reduce_scatter_start(_Line(ch, _lines(ch, cols)[1]), _blocks(flat, ch.size, cols))
+
+
+def reduce_scatter(ch: Channel, flat: np.ndarray, out: np.ndarray, reduce: Reducer,
+                   finish: Finisher, scratch: Scratch, cols: int, started: bool = False) -> None:
+    """Out of place: ``out`` = the reduction over ranks of part ``rank`` of their ``flat``
+    (``w`` parts in rank order, only read). The rows' blocks are reduce-scattered along the
+    column (large, so they pipeline: this rank gets its column's sum of its row's block), then
+    that block along the row (single-chunk steps). ``cols`` as in ``all_gather``."""
+    w = ch.size
+    row, col = _lines(ch, cols)
+    i = ch.rank // cols
+    blocks = _blocks(flat, w, cols)
+    part = scratch.take(blocks[i].nbytes, out.dtype, PART_SLOT)
+    ring.reduce_scatter(_Line(ch, col), blocks, part, reduce, None, scratch, started=started,
+                        ends_op=False)
+    # The row phase reuses the scratch buffers whose partial sums the column phase sent.
+    ch.wait(ch.mark())
+    offs = split(flat.shape[0], w)
+    base = offs[i * cols]
+    segs = [part[offs[i * cols + c] - base:offs[i * cols + c + 1] - base] for c in range(cols)]
+    ring.reduce_scatter(_Line(ch, row, last=True), segs, out, reduce, finish, scratch)
     ch.flush()
