@@ -7,11 +7,12 @@ Every rank draws the same op sequence from ``--seed`` (op, group, size, dtype, r
 split sizes, send/recv pair), so all ranks issue matching ops; inputs come from deterministic
 per-(op, rank) seeds, so each rank computes the expected result of every op locally and
 compares bit for bit (AVG within rounding). Ops: all_reduce, broadcast, all_gather,
-reduce_scatter, all_to_all, reduce, gather, scatter and send/recv, on the world group and on
-subgroups. RSS and open file descriptors are sampled after a warm-up and at the end; they must
-stay flat (RSS is judged over the second half: the allocator's footprint settles once the
-largest sizes have been seen). Exit status 0 only if every result was right and fds did not
-grow; RSS still growing in the second half is reported.
+reduce_scatter (every other one in the flat form: all_gather_into_tensor,
+reduce_scatter_tensor), all_to_all, reduce, gather, scatter and send/recv, on the world
+group and on subgroups. RSS and open file descriptors are sampled after a warm-up and at the
+end; they must stay flat (RSS is judged over the second half: the allocator's footprint
+settles once the largest sizes have been seen). Exit status 0 only if every result was right
+and fds did not grow; RSS still growing in the second half is reported.
 """
 
 from __future__ import annotations
@@ -222,14 +223,24 @@ def run_op(d: dict, rank: int, group) -> tuple[bool, int]:
         t = x.clone() if me == root else torch.zeros_like(x)
         dist.broadcast(t, group_src=root, group=group)
         return same(d, t, make_input(d, ranks[root], numel)), nb
+    flat = d["i"] % 2 == 0  # every other one in the flat form (which may run on a grid)
     if kind == "all_gather":
+        if flat:
+            out = torch.empty(n * numel, dtype=d["dtype"])
+            (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+                out, x, group=group)
+            return same(d, out, torch.cat(xs())), nb
         outs = [torch.empty_like(x) for _ in range(n)]
         dist.all_gather(outs, x, group=group)
         return all(same(d, o, w) for o, w in zip(outs, xs(), strict=True)), nb
     if kind == "reduce_scatter":
-        ins = [make_input(d, rank, numel * n)[k * numel:(k + 1) * numel] for k in range(n)]
         out = torch.empty(numel, dtype=d["dtype"])
-        dist.reduce_scatter(out, ins, op=d["op"], group=group)
+        if flat:
+            (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
+                out, make_input(d, rank, numel * n), op=d["op"], group=group)
+        else:
+            ins = [make_input(d, rank, numel * n)[k * numel:(k + 1) * numel] for k in range(n)]
+            dist.reduce_scatter(out, ins, op=d["op"], group=group)
         parts = [make_input(d, r, numel * n)[me * numel:(me + 1) * numel] for r in ranks]
         return same(d, out, reduce_ref(d, parts)), nb * n
     if kind == "reduce":
