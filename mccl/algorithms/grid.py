@@ -28,6 +28,8 @@ reduce-scatters the blocks along the column, then the rank's block along the row
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import ring
@@ -97,15 +99,18 @@ def _steps(m: int, seg_bytes: int, cap: int) -> int:
     return 2 * (m - 1) if chunk_count(seg_bytes, None, cap) == 1 else 2
 
 
+@functools.lru_cache(maxsize=256)
 def columns(n: int, w: int, itemsize: int, cap: int) -> int | None:
     """The row length of the grid an all-reduce of ``n`` elements should use on ``w`` ranks,
     or None for the plain ring. Rows must be long enough to pipeline (their segments cut into
     two chunks or more); of those grids, the one with the fewest steps that cost a hop, if
     the ring has ``MIN_STEPS_RATIO`` times as many. Every rank computes the same (``cap`` is
-    agreed per group)."""
+    agreed per group). Cached: a training loop repeats its sizes."""
     if w < MIN_RANKS:
         return None
     ring_steps = _steps(w, -(-n // w) * itemsize, cap)
+    if ring_steps < 2 * MIN_STEPS_RATIO:  # the ring pipelines: no grid can do that well
+        return None
     best, fewest = None, ring_steps
     for cols in range(2, w // 2 + 1):
         row_bytes = -(-n // cols) * itemsize

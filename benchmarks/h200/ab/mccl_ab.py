@@ -245,6 +245,13 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
     raise KeyError(f"unknown A/B key {key!r}")
 
 
+def _forget_choices() -> None:
+    """Drop cached decisions made from the constants (``grid.columns``)."""
+    from mccl.algorithms import grid
+
+    grid.columns.cache_clear()
+
+
 def apply(spec: str) -> Callable[[], None]:
     """Apply ``spec``; returns the function that puts every changed value back."""
     undo: list[tuple[object, str, object]] = []
@@ -253,9 +260,11 @@ def apply(spec: str) -> Callable[[], None]:
         owner, name, new = _setting(key, int(value))
         undo.append((owner, name, getattr(owner, name)))
         setattr(owner, name, new)
+    _forget_choices()
 
     def restore() -> None:
         for owner, name, old in reversed(undo):
             setattr(owner, name, old)
+        _forget_choices()
 
     return restore
