@@ -296,3 +296,34 @@ def test_a_grid_all_reduce_against_a_ring_of_another_size_fails_every_rank() -> 
     msgs = run_ranks(_grid_against_ring, GRID_WORLD, timeout=60, pg_timeout_s=300)
     for rank, msg in enumerate(msgs):
         assert "collective mismatch" in msg and "262144" in msg and "524288" in msg, (rank, msg)
+
+
+KILLED = 5
+
+
+def _grid_with_a_kill(rank: int, world: int) -> tuple[int, str]:
+    """1 MiB all-reduces (a 2 x 4 grid) until rank ``KILLED`` kills itself at its 30th."""
+    import os
+    import signal
+
+    t = torch.ones((1 << 20) // 4)
+    for i in range(200):
+        if rank == KILLED and i == 30:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            return i, str(e)
+    return 200, "no error"
+
+
+def test_a_rank_killed_during_grid_all_reduces_fails_every_survivor() -> None:
+    """A grid talks to a rank's row and its column only; the death of a rank must still fail
+    every survivor's op, naming it (the group timeout is longer than the test's)."""
+    results = run_ranks(_grid_with_a_kill, GRID_WORLD, timeout=60, pg_timeout_s=300,
+                        expect_missing=(KILLED,))
+    for rank, got in enumerate(results):
+        if rank == KILLED:
+            continue
+        i, msg = got
+        assert i in (29, 30) and f"rank {KILLED}" in msg, (rank, i, msg)
