@@ -229,8 +229,8 @@ def test_grid_all_gather(world: int, cols: int, m: int, started: bool) -> None:
 
 def test_grid_is_chosen_only_where_it_saves_ring_steps() -> None:
     """``columns``: None below ``MIN_RANKS``, for prime sizes, where the ring's segments
-    already pipeline and where a grid would not halve the ring's steps; else a divisor of
-    the group whose rows pipeline."""
+    already pipeline and where a grid would not cut the ring's steps 3.5-fold; else a
+    divisor of the group whose rows pipeline."""
     cap = base.MAX_CHUNK_BYTES
     mb = (1 << 20) // 4  # float32 elements in 1 MiB
     assert grid.columns(mb // 8, 3, 4, cap) is None

@@ -49,9 +49,9 @@ to each peer looks for its end of stream since the seventeenth session; p2p send
 (``direct.ALL_TO_ALL_PAIRWISE_BYTES``; a huge N: all at once, as before the twenty-second
 session); ``sockbuf=N``: the SO_SNDBUF/SO_RCVBUF every data socket asks for
 (``tcp.SOCKET_BUFFER_BYTES``; above the kernel's rmem_max/wmem_max, e.g. 1099511627776, none
-is asked for and the kernel's autotuning sizes them); ``grid_min=N``: all-reduces use the
-two-level grid only in groups of at least N ranks (``grid.MIN_RANKS``; a huge N: the ring
-only, as before the thirtieth session).
+is asked for and the kernel's autotuning sizes them); ``grid_min=N``: all-reduces and flat
+all-gathers and reduce-scatters use grids only in groups of at least N ranks
+(``grid.MIN_RANKS``; a huge N: the ring only, as before the thirtieth session).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
