@@ -108,7 +108,8 @@ def columns(n: int, w: int, itemsize: int, cap: int) -> int | None:
     agreed per group). Cached: a training loop repeats its sizes."""
     if w < MIN_RANKS:
         return None
-    ring_steps = _steps(w, -(-n // w) * itemsize, cap)
+    piece_bytes = -(-n // w) * itemsize  # a ring segment, and a grid's column piece
+    ring_steps = _steps(w, piece_bytes, cap)
     if ring_steps < 2 * MIN_STEPS_RATIO:  # the ring pipelines: no grid can do that well
         return None
     best, fewest = None, ring_steps
@@ -116,7 +117,7 @@ def columns(n: int, w: int, itemsize: int, cap: int) -> int | None:
         row_bytes = -(-n // cols) * itemsize
         if w % cols or chunk_count(row_bytes, None, cap) < 2:
             continue
-        steps = _steps(cols, row_bytes, cap) + _steps(w // cols, -(-n // w) * itemsize, cap)
+        steps = _steps(cols, row_bytes, cap) + _steps(w // cols, piece_bytes, cap)
         if steps < fewest:
             best, fewest = cols, steps
     return best if best is not None and fewest * MIN_STEPS_RATIO <= ring_steps else None
@@ -140,7 +141,7 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
     """In-place all-reduce of a flat buffer over a grid of rows of ``cols`` ranks
     (``columns``). ``started``: ``all_reduce_start`` already sent the first segment."""
     row, col = _lines(ch, cols)
-    mine = _Line(ch, row).rank
+    mine = ch.rank % cols  # this rank's place in its row: the part it owns
     offs = split(buf.shape[0], cols)
     part = buf[offs[mine]:offs[mine + 1]]
     ring.all_reduce(_Line(ch, row), buf, reduce, None, scratch, started=started, gather=False)
