@@ -826,6 +826,51 @@ def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_
     assert res[0].startswith(("init: PeerGoneError: rank ", "init: GaveUpError")), res[0]
 
 
+def _ranks_2_and_3_mismatch_before_rank_1_dials_rank_0(rank: int, w: int, port: int,
+                                                       signal: str) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl.transport import rendezvous
+
+    if rank == 1:  # rank 0 still waits for this dial when ranks 2 and 3 have failed their op
+        real = rendezvous._dial
+
+        def dial_rank_0_after_the_failure(addr, secret, group, me, peer, *args, **kwargs):
+            if peer == 0:
+                for _ in range(600):
+                    if os.path.exists(signal):
+                        break
+                    time.sleep(0.05)
+                time.sleep(1.0)  # rank 0 looks at its connections every 0.25 s
+            return real(addr, secret, group, me, peer, *args, **kwargs)
+
+        rendezvous._dial = dial_rank_0_after_the_failure
+    dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=w, timeout=timedelta(seconds=60))
+    odd = torch.ones(8, dtype=torch.int32 if rank == 3 else torch.float32)
+    try:
+        dist.all_reduce(odd)
+        return "all_reduce returned"
+    except Exception as e:  # noqa: BLE001
+        if rank == 2:
+            open(signal, "w").close()
+        return f"op: {type(e).__name__}: {e}"
+
+
+def test_a_mismatch_among_formed_ranks_reaches_a_rank_still_forming_in_its_op(tmp_path) -> None:
+    """Ranks 2 and 3 have their connections and issue mismatched first ops while rank 0 still
+    waits for rank 1's dial: rank 0 keeps waiting (the failure blames neither rank it waits
+    for), forms the group, and its own first op reports the mismatch, as on every rank."""
+    res = run_ranks(_ranks_2_and_3_mismatch_before_rank_1_dials_rank_0, 4, free_port(),
+                    str(tmp_path / "rank2-failed"), init=False, timeout=120)
+    for rank, text in enumerate(res):
+        assert text.startswith("op: CollectiveError: "), (rank, text)
+        assert "collective mismatch" in text, (rank, text)
+
+
 def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> None:
     """Ranks that passed new_group other member lists share the group's name: a give-up by a
     rank outside this group's members is not this group's failure; one inside is, at once."""

@@ -73,6 +73,11 @@ GIVE_UP_LOOK_S = 0.25
 #: (a peer whose own set-up is done may already send an op's frames on it): room for an error
 #: frame's reason behind a few state frames.
 EARLY_PEEK_BYTES = 1 << 16
+#: How long a rank still forming keeps waiting for its missing peers' dials once a connected
+#: peer reported that its first op failed for a reason that blames none of them (ops run as
+#: soon as a rank's own connections are up: a mismatch between two formed ranks is no sign
+#: that the rank still to dial is gone; that failure reaches this rank's first op instead).
+REPORTED_FAILURE_GRACE_S = 10.0
 #: Listen backlog, at least the group's size (the kernel caps it: somaxconn, 128 by default on
 #: macOS); ranks dial their lower-numbered peers nearest first, so no rank gets every dial at
 #: once (64 ranks on one machine with a backlog of 4: 6.3 s to connect dialling rank 0 first,
@@ -455,6 +460,7 @@ class _Acceptor:
         self.stop = False
         self.dropped = 0
         self.error: BaseException | None = None
+        self._heard: float | None = None  # when a peer's report was first seen (hear_from)
         # unauthenticated connection -> (hello bytes so far, deadline, challenge it was sent)
         self._pending: dict[socket.socket, tuple[bytearray, float, bytes]] = {}
         self._sel = selectors.DefaultSelector()
@@ -594,11 +600,14 @@ class _Acceptor:
 
     def hear_from(self, dialled: dict[int, socket.socket]) -> None:
         """Raise ``PeerGoneError`` if a peer connected already (dialled, or accepted) has
-        closed its connection or sent an error frame: it died, or its own set-up ended and
-        its first op failed, while this rank still waits for another rank (which may never
-        come: a rank killed once its dials were done is dialled by nobody)."""
+        closed its connection, or sent an error frame blaming a rank this one still waits for:
+        it died, or its own set-up ended and its first op failed on that rank, while this rank
+        still waits for it (it may never come: a rank killed once its other dials were done is
+        dialled by nobody). An error frame blaming anyone else fails the set-up only if the
+        missing ranks stay away ``REPORTED_FAILURE_GRACE_S`` longer."""
         with self.cond:
             conns = {**dialled, **self.socks}
+            missing = self.expected - set(self.socks)
         for peer, conn in sorted(conns.items()):
             try:
                 raw = peek(conn, EARLY_PEEK_BYTES)
@@ -610,15 +619,20 @@ class _Acceptor:
                 raise PeerGoneError(f"rank {peer} closed its connection to rank {self.rank} "
                                     "before the group formed (it exited or was killed)")
             said = _reported_failure(raw, self.group)
-            if said is not None:
+            if said is None:
+                continue
+            blamed, reason = said
+            now = time.monotonic()
+            self._heard = now if self._heard is None else self._heard
+            if blamed in missing or now - self._heard >= REPORTED_FAILURE_GRACE_S:
                 raise PeerGoneError(f"rank {peer} failed before the group formed at rank "
-                                    f"{self.rank}: {said}")
+                                    f"{self.rank}: {reason}")
 
 
-def _reported_failure(raw: bytes, group: int) -> str | None:
-    """The reason in an error frame at the start of ``raw`` (behind any state frames), the
-    start of a peer's stream; None where it starts otherwise (an op's data, a clean BYE) or
-    not all of the frame is there yet."""
+def _reported_failure(raw: bytes, group: int) -> tuple[int, str] | None:
+    """The blamed rank (-1 if none) and reason of an error frame at the start of ``raw``
+    (behind any state frames), the start of a peer's stream; None where it starts otherwise
+    (an op's data, a clean BYE) or not all of the frame is there yet."""
     found = after_states(raw, group)
     if found is None:
         return None
@@ -626,7 +640,7 @@ def _reported_failure(raw: bytes, group: int) -> str | None:
     end = at + HEADER_SIZE + hdr.length
     if hdr.kind != ERROR or len(raw) < end:
         return None
-    return bytes(raw[at + HEADER_SIZE:end]).decode("utf-8", "replace")
+    return hdr.sig.root, bytes(raw[at + HEADER_SIZE:end]).decode("utf-8", "replace")
 
 
 def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
