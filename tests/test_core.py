@@ -871,6 +871,58 @@ def test_a_mismatch_among_formed_ranks_reaches_a_rank_still_forming_in_its_op(tm
         assert "collective mismatch" in text, (rank, text)
 
 
+def _ranks_2_and_3_mismatch_and_rank_1_never_dials_rank_0(rank: int, w: int, port: int,
+                                                          signal: str) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl.transport import rendezvous
+
+    rendezvous.REPORTED_FAILURE_GRACE_S = 1.0  # the test's own: 10 s by default
+    if rank == 1:  # alive, but its dial to rank 0 waits until rank 0 has given up
+        real = rendezvous._dial
+
+        def dial_rank_0_too_late(addr, secret, group, me, peer, *args, **kwargs):
+            if peer == 0:
+                for _ in range(1200):
+                    if os.path.exists(signal):
+                        break
+                    time.sleep(0.05)
+            return real(addr, secret, group, me, peer, *args, **kwargs)
+
+        rendezvous._dial = dial_rank_0_too_late
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=600))
+    except Exception as e:  # noqa: BLE001
+        if rank == 0:
+            open(signal, "w").close()
+        return f"init: {type(e).__name__}: {e}"
+    odd = torch.ones(8, dtype=torch.int32 if rank == 3 else torch.float32)
+    try:
+        dist.all_reduce(odd)
+        return "all_reduce returned"
+    except Exception as e:  # noqa: BLE001
+        return f"op: {type(e).__name__}: {e}"
+
+
+def test_a_reported_failure_fails_a_rank_still_forming_once_its_missing_peer_stays_away(
+        tmp_path) -> None:
+    """As above, but rank 1 never dials rank 0 (it waits until rank 0 gave up): rank 0 fails
+    its set-up with the mismatch its peers reported once rank 1 stayed away for the grace
+    (1 s here), not after the group timeout (600 s; the test's own limit is 120 s)."""
+    res = run_ranks(_ranks_2_and_3_mismatch_and_rank_1_never_dials_rank_0, 4, free_port(),
+                    str(tmp_path / "rank0-gave-up"), init=False, timeout=120)
+    assert res[0].startswith("init: PeerGoneError: rank "), res[0]
+    assert "before the group formed at rank 0" in res[0], res[0]
+    assert "collective mismatch" in res[0], res[0]
+    for rank in (2, 3):
+        assert res[rank].startswith("op: CollectiveError: "), (rank, res[rank])
+    assert res[1].startswith("init: "), res[1]
+
+
 def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> None:
     """Ranks that passed new_group other member lists share the group's name: a give-up by a
     rank outside this group's members is not this group's failure; one inside is, at once."""

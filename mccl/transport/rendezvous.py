@@ -461,6 +461,7 @@ class _Acceptor:
         self.dropped = 0
         self.error: BaseException | None = None
         self._heard: float | None = None  # when a peer's report was first seen (hear_from)
+        self._heard_what = ""  # and what it said
         # unauthenticated connection -> (hello bytes so far, deadline, challenge it was sent)
         self._pending: dict[socket.socket, tuple[bytearray, float, bytes]] = {}
         self._sel = selectors.DefaultSelector()
@@ -592,7 +593,8 @@ class _Acceptor:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(self.expected - set(self.socks))
-                    raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}")
+                    raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}"
+                                       f"{self._heard_what}")
                 self.cond.wait(min(left, GIVE_UP_LOOK_S))
             if watch is not None:
                 watch.look()
@@ -623,7 +625,9 @@ class _Acceptor:
                 continue
             blamed, reason = said
             now = time.monotonic()
-            self._heard = now if self._heard is None else self._heard
+            if self._heard is None:
+                self._heard = now
+                self._heard_what = f" (rank {peer} meanwhile failed its first op: {reason})"
             if blamed in missing or now - self._heard >= REPORTED_FAILURE_GRACE_S:
                 raise PeerGoneError(f"rank {peer} failed before the group formed at rank "
                                     f"{self.rank}: {reason}")
