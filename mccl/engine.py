@@ -282,6 +282,9 @@ class Engine:
         # never read the sockets together (another thread may submit while one runs inline).
         self._exec_lock = threading.Lock()
         self.error: CollectiveError | None = None
+        #: Called once with the error when the group breaks, unless by a mismatch (see
+        #: ``_fail``): the process group leaves word for ranks still forming the group.
+        self.on_break: Callable[[CollectiveError], None] | None = None
         self._stopped = False
         self._aborted = False
         self._said_bye = False  # a clean stop told the peers (``close`` then reads to theirs)
@@ -523,6 +526,15 @@ class Engine:
             reason = getattr(e, "origin", None) or (
                 str(e) if isinstance(e, MismatchError) else str(err))
             mesh.fail(reason, err.peer, job.seq)
+        # A mismatch is between ranks that formed the group; one still forming finds it in
+        # its own first op (the same op, issued its way), so it gets no word of it.
+        mismatch = isinstance(e, MismatchError) or str(getattr(e, "origin", "")).startswith(
+            MISMATCH)
+        if self.on_break is not None and not mismatch:
+            try:
+                self.on_break(err)
+            except Exception:  # noqa: BLE001 - best effort; the op's own error stands
+                log.debug("group %s: on_break failed", self.label, exc_info=True)
 
     def _start_next(self, running: Job) -> None:
         """Comm thread, inside ``running``'s body once its sends are all queued: take the next

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -176,9 +178,25 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
+        self._store = store
+        self._formed_at = time.monotonic()
+        self._timeout_s = timeout_s
+        self._engine.on_break = self._leave_word
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
+
+    def _leave_word(self, err: CollectiveError) -> None:
+        """The group broke: tell a rank that may still be forming it through the store
+        (``give_up``, which its set-up watches), off this thread, as the store may hang or be
+        gone. Its peers' error frames may not reach it: where an op sent it data first, the
+        frame waits behind the data, which it reads only once formed. Only within the group
+        timeout of this rank's set-up: no rank waits to form longer than that."""
+        if time.monotonic() - self._formed_at >= self._timeout_s:
+            return
+        threading.Thread(target=give_up, name=f"mccl-word-{self._label}", daemon=True,
+                         args=(self._store, self._label, self._global_ranks[self._rank],
+                               err)).start()
 
     # ---- identity ----
     # The same values as the C++ accessors, without a pybind call (a few microseconds each,

@@ -787,7 +787,8 @@ def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> No
     assert res[0].startswith("GaveUpError: mccl group"), res[0]
 
 
-def _top_rank_dies_between_its_dials(rank: int, w: int, port: int) -> str:
+def _top_rank_dies_between_its_dials(rank: int, w: int, port: int,
+                                     first: str = "all_reduce") -> str:
     import torch.distributed as dist
 
     from mccl.transport import rendezvous
@@ -805,21 +806,27 @@ def _top_rank_dies_between_its_dials(rank: int, w: int, port: int) -> str:
     if failed:
         return f"init: {failed}"
     try:  # ranks 1 .. w - 2 have their connections: their first op finds the dead rank
+        if first == "gather":  # data for rank 0 first, then an op that needs rank 3
+            dist.gather(torch.ones(4), dst=0)
         dist.all_reduce(torch.ones(4))
         return "all_reduce returned"
     except Exception as e:  # noqa: BLE001
         return f"op: {type(e).__name__}: {e}"
 
 
-def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_it() -> None:
+@pytest.mark.parametrize("first", ["all_reduce", "gather"])
+def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_it(
+        first: str) -> None:
     """Rank 3 of 4 connects to ranks 2 and 1 and dies before it dials rank 0, which nobody
     else dials. Ranks 1 and 2 see its connection close while they still wait for a dial, or
     form the group and fail their first op on it; rank 0, still waiting for rank 3's dial,
     hears of it from their connections (an error frame, the end of the stream) or from the
-    store (their give-up), instead of waiting out the group timeout (600 s here; the test's
-    own limit is 90 s)."""
-    res = run_ranks(_top_rank_dies_between_its_dials, 4, free_port(), init=False, timeout=90,
-                    expect_missing=(3,))
+    store (their give-up, left also by a formed rank whose op failed), instead of waiting
+    out the group timeout (600 s here; the test's own limit is 90 s). With ``gather`` their
+    first op sends rank 0 data, so their error frames queue behind it, where rank 0 does
+    not look."""
+    res = run_ranks(_top_rank_dies_between_its_dials, 4, free_port(), first, init=False,
+                    timeout=90, expect_missing=(3,))
     for rank in (1, 2):
         assert res[rank].startswith(("op: CollectiveError", "init: PeerGoneError: rank 3 ",
                                      "init: GaveUpError")), res[rank]
