@@ -514,6 +514,7 @@ class Engine:
         mesh = self.mesh
         mesh.op_failed()
         err = self._wrap(job, e)
+        first = self.error is None
         self.error = err
         log.error("%s", err)
         _discard(job)
@@ -530,7 +531,7 @@ class Engine:
         # its own first op (the same op, issued its way), so it gets no word of it.
         mismatch = isinstance(e, MismatchError) or str(getattr(e, "origin", "")).startswith(
             MISMATCH)
-        if self.on_break is not None and not mismatch:
+        if first and self.on_break is not None and not mismatch:
             try:
                 self.on_break(err)
             except Exception:  # noqa: BLE001 - best effort; the op's own error stands
