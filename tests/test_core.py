@@ -833,28 +833,35 @@ def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_
     assert res[0].startswith(("init: PeerGoneError: rank ", "init: GaveUpError")), res[0]
 
 
-def _ranks_2_and_3_mismatch_before_rank_1_dials_rank_0(rank: int, w: int, port: int,
-                                                       signal: str) -> str:
+def _hold_dial_to_rank_0(signal: str, polls: int, then_s: float = 0.0) -> None:
+    """This rank's dial to rank 0 waits until the file ``signal`` exists (at most ``polls``
+    looks, 50 ms apart), then ``then_s`` more."""
     import time
 
+    from mccl.transport import rendezvous
+
+    real = rendezvous._dial
+
+    def held(addr, secret, group, me, peer, *args, **kwargs):
+        if peer == 0:
+            for _ in range(polls):
+                if os.path.exists(signal):
+                    break
+                time.sleep(0.05)
+            time.sleep(then_s)
+        return real(addr, secret, group, me, peer, *args, **kwargs)
+
+    rendezvous._dial = held
+
+
+def _ranks_2_and_3_mismatch_before_rank_1_dials_rank_0(rank: int, w: int, port: int,
+                                                       signal: str) -> str:
     import torch.distributed as dist
 
     import mccl  # noqa: F401
-    from mccl.transport import rendezvous
 
     if rank == 1:  # rank 0 still waits for this dial when ranks 2 and 3 have failed their op
-        real = rendezvous._dial
-
-        def dial_rank_0_after_the_failure(addr, secret, group, me, peer, *args, **kwargs):
-            if peer == 0:
-                for _ in range(600):
-                    if os.path.exists(signal):
-                        break
-                    time.sleep(0.05)
-                time.sleep(1.0)  # rank 0 looks at its connections every 0.25 s
-            return real(addr, secret, group, me, peer, *args, **kwargs)
-
-        rendezvous._dial = dial_rank_0_after_the_failure
+        _hold_dial_to_rank_0(signal, 600, then_s=1.0)  # rank 0 looks every 0.25 s
     dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=w, timeout=timedelta(seconds=60))
     odd = torch.ones(8, dtype=torch.int32 if rank == 3 else torch.float32)
@@ -880,8 +887,6 @@ def test_a_mismatch_among_formed_ranks_reaches_a_rank_still_forming_in_its_op(tm
 
 def _ranks_2_and_3_mismatch_and_rank_1_never_dials_rank_0(rank: int, w: int, port: int,
                                                           signal: str) -> str:
-    import time
-
     import torch.distributed as dist
 
     import mccl  # noqa: F401
@@ -889,17 +894,7 @@ def _ranks_2_and_3_mismatch_and_rank_1_never_dials_rank_0(rank: int, w: int, por
 
     rendezvous.REPORTED_FAILURE_GRACE_S = 1.0  # the test's own: 10 s by default
     if rank == 1:  # alive, but its dial to rank 0 waits until rank 0 has given up
-        real = rendezvous._dial
-
-        def dial_rank_0_too_late(addr, secret, group, me, peer, *args, **kwargs):
-            if peer == 0:
-                for _ in range(1200):
-                    if os.path.exists(signal):
-                        break
-                    time.sleep(0.05)
-            return real(addr, secret, group, me, peer, *args, **kwargs)
-
-        rendezvous._dial = dial_rank_0_too_late
+        _hold_dial_to_rank_0(signal, 1200)
     try:
         dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=w, timeout=timedelta(seconds=600))
