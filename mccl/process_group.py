@@ -194,9 +194,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout of this rank's set-up: no rank waits to form longer than that."""
         if time.monotonic() - self._formed_at >= self._timeout_s:
             return
+        note = RuntimeError(f"it formed the group, then an op failed: {err}")
         threading.Thread(target=give_up, name=f"mccl-word-{self._label}", daemon=True,
                          args=(self._store, self._label, self._global_ranks[self._rank],
-                               err)).start()
+                               note)).start()
 
     # ---- identity ----
     # The same values as the C++ accessors, without a pybind call (a few microseconds each,
