@@ -576,12 +576,18 @@ class Engine:
         op = f"op #{job.seq}" if job.collective else "p2p"
         return f"mccl {job.name} ({op}) on {self._rank(self.mesh.rank)} of group '{self.label}'"
 
+    def closed_here(self) -> str | None:
+        """What cut the connections when this rank's own shutdown or abort did (the peers did
+        nothing wrong then), else None."""
+        if self.mesh.closed and not self.mesh.failed:
+            return f"the process group was {'aborted' if self._aborted else 'shut down'}"
+        return None
+
     def _wrap(self, job: Job, e: BaseException) -> CollectiveError:
         peer = getattr(e, "culprit", getattr(e, "peer", None))
-        if self.mesh.closed and not self.mesh.failed and not isinstance(e, MismatchError):
-            # Our own close() cut the connections: the peers did nothing wrong.
-            peer = None
-            what = f"the process group was {'aborted' if self._aborted else 'shut down'}"
+        here = None if isinstance(e, MismatchError) else self.closed_here()
+        if here is not None:
+            peer, what = None, here
         else:
             cause = str(e) or type(e).__name__
             kind = MISMATCH if isinstance(e, MismatchError) else (

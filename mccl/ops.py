@@ -42,6 +42,26 @@ def dtype_code(dtype: torch.dtype) -> int:
     return DTYPE_CODE.get(dtype, 255)
 
 
+#: The real dtype torch hands a complex tensor over as (``torch.view_as_real``).
+_REAL_OF = {getattr(torch, c): getattr(torch, r) for c, r in (
+    ("complex64", "float32"), ("complex128", "float64"), ("complex32", "float16"))
+    if hasattr(torch, c)}
+_COMPLEX_CODES = frozenset(DTYPE_CODE[c] for c in _REAL_OF)
+
+
+def wire_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype of ``t`` as the caller's program has it, for the op's signature. torch hands
+    the process group a complex tensor as its real view (pairs in a trailing dimension of 2),
+    so complex64[n] on one rank and float32[2n] on another would otherwise look alike and
+    be reduced into each other without a word."""
+    if t._is_view():
+        base = t._base
+        if (base is not None and _REAL_OF.get(base.dtype) == t.dtype and t.dim()
+                and t.shape[-1] == 2 and t.stride(-1) == 1):
+            return base.dtype
+    return t.dtype
+
+
 @functools.lru_cache(maxsize=4096)
 def signature(kind: Kind, dtype: torch.dtype | None = None, redop: Op | None = None,
               root: int = 0, count: int = 0) -> Signature:
@@ -69,7 +89,9 @@ def describe(sig: Signature) -> str:
         known = DTYPES[sig.dtype - 1] if sig.dtype <= len(DTYPES) else None
         parts.append(str(known) if known is not None else "dtype?")
     if sig.count or sig.op in _COUNTED:  # "0 elements" matters in a count mismatch
-        parts.append(f"{sig.count} elements")
+        # a complex tensor's count is of its real view's elements (see ``wire_dtype``)
+        count = sig.count // 2 if sig.dtype in _COMPLEX_CODES else sig.count
+        parts.append(f"{count} elements")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
         parts.append(f"root={sig.root}")
     return f"{name}({', '.join(parts)})"

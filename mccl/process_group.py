@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -34,7 +35,7 @@ from .device.strided import (
 from .engine import Engine, Job
 from .errors import CollectiveError
 from .monitor import monitored_barrier
-from .ops import Kind, describe, signature
+from .ops import Kind, describe, signature, wire_dtype
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
@@ -45,6 +46,7 @@ from .transport.rendezvous import (
     cores_per_rank,
     give_up,
     new_incarnation,
+    watch_liveness,
 )
 from .transport.tcp import PeerError
 from .work import GroupWork, Work, completed_work
@@ -182,6 +184,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._formed_at = time.monotonic()
         self._timeout_s = timeout_s
         self._engine.on_break = self._leave_word
+        if default:
+            global _default_group
+            _default_group = weakref.ref(self)
         self._adapters: dict[str, Adapter] = {}
         self._coalesced: list[Work] | None = None
         self._bound_device: torch.device | None = None
@@ -193,6 +198,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         frame waits behind the data, which it reads only once formed. Only within the group
         timeout of this rank's set-up: no rank waits to form longer than that."""
         if time.monotonic() - self._formed_at >= self._timeout_s:
+            return
+        culprit = err.peer
+        if (culprit is not None and culprit != self._rank and 0 <= culprit < self._size
+                and self._global_ranks[culprit] == 0
+                and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
+            # Global rank 0 hosts the store (unless torchrun's agent does): with rank 0 gone
+            # nobody can read the word there, and writing it makes torch print a C++ trace.
             return
         note = RuntimeError(f"it formed the group, then an op failed: {err}")
         threading.Thread(target=give_up, name=f"mccl-word-{self._label}", daemon=True,
@@ -290,6 +302,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                  f"{t.stride()} that receives the result has elements sharing "
                                  "memory (an expanded view); pass one that does not, e.g. "
                                  ".clone()")
+
+    def _writable_everywhere(self, op: str, t: torch.Tensor) -> None:
+        """A rooted op's one tensor receives the result on some ranks only: one that could not
+        (an expanded view) is refused on every rank alike, the root too, which only reads it
+        there. Else the root alone would run the op, and the group would break on the next."""
+        if not t.is_contiguous():
+            self._writable(op, [t], [True])
 
     def _adapter(self, device: torch.device | None) -> Adapter:
         key = str(device or "cpu")
@@ -429,7 +448,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         device = self._device_of(op_name, [given])
         (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
-        sig = signature(Kind.ALL_REDUCE, t.dtype, redop, count=t.numel())
+        sig = signature(Kind.ALL_REDUCE, wire_dtype(t), redop, count=t.numel())
         run = coll.AllReduce(redop, self._engine.scratch)
         return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
                             device=device, start=run.start, segmented=run.stage)
@@ -468,7 +487,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         tensors = self._real_pairs(op_name, redop, given)
         check(redop, tensors[0].dtype)
         total = sum(t.numel() for t in tensors)
-        sig = signature(Kind.ALL_REDUCE, tensors[0].dtype, redop, count=total)
+        sig = signature(Kind.ALL_REDUCE, wire_dtype(tensors[0]), redop, count=total)
         scratch = self._engine.scratch
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
@@ -486,7 +505,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError("mccl broadcast: rootTensor must be 0")
         t = self._one(op_name, tensors)
         root = self._root(op_name, root)
-        sig = signature(Kind.BROADCAST, t.dtype, root=root, count=t.numel())
+        self._writable_everywhere(op_name, t)
+        sig = signature(Kind.BROADCAST, wire_dtype(t), root=root, count=t.numel())
         is_root = self.rank() == root
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
@@ -498,9 +518,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
         given = self._one(op_name, tensors)
         device = self._device_of(op_name, [given])
+        self._writable_everywhere(op_name, given)
         (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
-        sig = signature(Kind.REDUCE, t.dtype, redop, root, t.numel())
+        sig = signature(Kind.REDUCE, wire_dtype(t), redop, root, t.numel())
         scratch = self._engine.scratch
         is_root = self.rank() == root
         return self._submit(op_name, sig,
@@ -520,7 +541,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                              f"the group has {self.size()} ranks")
         self._same_dtype(op_name, outs + [inp])
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
-        sig = signature(Kind.ALL_GATHER, inp.dtype, count=sum(o.numel() for o in outs))
+        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=sum(o.numel() for o in outs))
         n = len(outs)
         run = coll.AllGather(flat=False)
         return self._submit(op_name, sig, run.finish, outs + [inp], [False] * n + [True],
@@ -532,7 +553,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, [output, inp])
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
-        sig = signature(Kind.ALL_GATHER, inp.dtype, count=output.numel())
+        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=output.numel())
         run = coll.AllGather(flat=True)
         own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
         return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
@@ -575,7 +596,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         inp = self._one(op_name, input_tensors)
         is_root = self.rank() == root
         outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
-        sig = signature(Kind.GATHER, inp.dtype, root=root, count=inp.numel())
+        sig = signature(Kind.GATHER, wire_dtype(inp), root=root, count=inp.numel())
         n, scratch = len(outs), self._engine.scratch
         return self._submit(op_name, sig,
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
@@ -590,7 +611,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         out = self._one(op_name, output_tensors)
         is_root = self.rank() == root
         ins = self._root_list(op_name, input_tensors, root, "scatter list", out)
-        sig = signature(Kind.SCATTER, out.dtype, root=root, count=out.numel())
+        sig = signature(Kind.SCATTER, wire_dtype(out), root=root, count=out.numel())
         n, scratch = len(ins), self._engine.scratch
         return self._submit(op_name, sig,
                             lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root,
@@ -612,7 +633,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         given = out
         *ins, out = self._real_pairs(op_name, redop, ins + [out])
         check(redop, out.dtype)
-        sig = signature(Kind.REDUCE_SCATTER, out.dtype, redop,
+        sig = signature(Kind.REDUCE_SCATTER, wire_dtype(out), redop,
                         count=sum(t.numel() for t in ins))
         n = len(ins)
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
@@ -629,7 +650,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         given = output
         output, input = self._real_pairs(op_name, redop, [output, input])
         check(redop, output.dtype)
-        sig = signature(Kind.REDUCE_SCATTER, output.dtype, redop, count=input.numel())
+        sig = signature(Kind.REDUCE_SCATTER, wire_dtype(output), redop, count=input.numel())
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
         own = self.rank() * output.numel() * output.element_size()  # its part of the input
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
@@ -664,7 +685,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, outs + ins)
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()],
                        ins[self.rank()].numel())
-        sig = signature(Kind.ALL_TO_ALL, ins[0].dtype if ins else None)
+        sig = signature(Kind.ALL_TO_ALL, wire_dtype(ins[0]) if ins else None)
 
         def body(ch, h):
             coll.all_to_all(ch, [coll.as_bytes(t) for t in h[:w]],
@@ -702,7 +723,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if out_rows[self.rank()] != in_rows[self.rank()]:
             raise ValueError(f"mccl {op_name}: this rank sends itself {in_rows[self.rank()]} rows "
                              f"but expects {out_rows[self.rank()]}")
-        sig = signature(Kind.ALL_TO_ALL, input.dtype)
+        sig = signature(Kind.ALL_TO_ALL, wire_dtype(input))
         esz = input.element_size()
 
         def cut(buf, rows, row):
@@ -748,7 +769,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         dst = self._peer(op_name, dst)
         tag = self._tag(op_name, tag)
         device = self._device_of(op_name, [t])
-        sig = signature(Kind.SEND_RECV, t.dtype)
+        sig = signature(Kind.SEND_RECV, wire_dtype(t))
         mesh = self._mesh
         if not isinstance(self._adapter(device), CpuAdapter):
             # A device tensor takes its turn in the ordered queue, so the hand-off applies;
@@ -765,12 +786,22 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._engine.check_running(op_name)
         work = Work(op_name, [t])
 
+        engine = self._engine
+
+        def failed(message: str) -> None:
+            """Fail the send; where this rank's own shutdown or abort cut it, say so, not what
+            the broken socket seems to say of the peer."""
+            here = engine.closed_here()
+            if here is not None:
+                work.fail(CollectiveError(f"mccl send to rank {dst}: {here}", op="send"))
+            else:
+                work.fail(CollectiveError(message, op="send", peer=dst))
+
         def done(err):
             if err is None:
                 work.complete()
             else:  # the sender thread's OSError, explained (e.g. no progress for the timeout)
-                work.fail(CollectiveError(f"mccl send: {mesh.peer(dst).send_failure()}",
-                                          op="send", peer=dst))
+                failed(f"mccl send: {mesh.peer(dst).send_failure()}")
 
         try:
             mesh.check_open(dst)  # no reader watches an idle group: look before sending
@@ -780,9 +811,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if mesh.send(dst, P2P, sig, 0, coll.as_bytes(plain), tag=tag, on_done=done):
                 work.complete()
         except PeerError as e:
-            work.fail(CollectiveError(f"mccl send: {e}", op="send", peer=dst))
+            failed(f"mccl send: {e}")
         except Exception as e:  # noqa: BLE001
-            work.fail(CollectiveError(f"mccl send to rank {dst} failed: {e}", op="send", peer=dst))
+            failed(f"mccl send to rank {dst} failed: {e}")
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -801,11 +832,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         """A receive takes its turn in the queue (for the hand-off of its tensor), then waits
         aside for its message (``Job.park``): ops issued after it are not held up."""
         mesh = self._mesh
+        sig = signature(Kind.SEND_RECV, wire_dtype(t))
 
         def park(ch, h, done):
-            mesh.post_recv(src, tag, coll.as_bytes(h[0]), lambda pr: done(source=pr.source))
+            mesh.post_recv(src, tag, coll.as_bytes(h[0]), lambda pr: done(source=pr.source),
+                           dtype=sig.dtype)
 
-        return self._submit(op_name, signature(Kind.SEND_RECV, t.dtype), None, [t], [False],
+        return self._submit(op_name, sig, None, [t], [False],
                             [True], [t], collective=False, park=park)
 
     # ---- coalescing ----
@@ -840,6 +873,31 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
 #: ``create`` said once that it ignores ``pg_options``.
 _said_options = False
+#: This process's default group (``init_process_group``), while it lives.
+_default_group: weakref.ref[ProcessGroupMCCL] | None = None
+
+
+def _known_gone(global_ranks) -> str | None:
+    """Why one of ``global_ranks`` is known to be gone, for a group being formed
+    (``watch_liveness``): its connection in the default group closed or reset without a BYE.
+    Only while the default group is healthy here: after a failure, live ranks close their
+    connections without a BYE too (and a subgroup may be aborted while its ranks live on)."""
+    pg = _default_group() if _default_group is not None else None
+    if pg is None:
+        return None
+    engine, mesh = pg._engine, pg._mesh
+    if engine.error is not None or mesh.closed:
+        return None
+    for g in global_ranks:
+        if g == pg._rank or not 0 <= g < pg._size:
+            continue
+        why = mesh.peer(g).gone()
+        if why is not None:
+            return f"global rank {g} is gone ({why}, seen in the default group)"
+    return None
+
+
+watch_liveness(_known_gone)
 
 
 def create(dist_opts, backend_options=None) -> ProcessGroupMCCL:

@@ -787,6 +787,34 @@ def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> No
     assert res[0].startswith("GaveUpError: mccl group"), res[0]
 
 
+def _a_rank_dies_before_a_new_group(rank: int, w: int, port: int) -> str:
+    import torch.distributed as dist
+
+    failed = _join_or_why(rank, w, port)
+    if failed:
+        return f"init: {failed}"
+    dist.barrier()
+    if rank == w - 1:  # gone before the group below: nobody waits on it in an op
+        os._exit(17)
+    try:
+        dist.new_group(list(range(w)))
+        return "new_group returned"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def test_a_new_group_with_a_rank_already_gone_fails_at_once() -> None:
+    """Rank 2 of 3 dies between ops of the (idle, healthy) default group; ranks 0 and 1
+    then create a group with it. They see its default-group connection closed without a
+    BYE and fail the set-up, naming it, instead of waiting for its keys for the group
+    timeout (600 s here; the test's own limit is 90 s)."""
+    res = run_ranks(_a_rank_dies_before_a_new_group, 3, free_port(), init=False, timeout=90,
+                    expect_missing=(2,))
+    for rank in (0, 1):
+        assert res[rank].startswith(("PeerGoneError", "GaveUpError")), res[rank]
+        assert "global rank 2" in res[rank], res[rank]
+
+
 def _top_rank_dies_between_its_dials(rank: int, w: int, port: int,
                                      first: str = "all_reduce") -> str:
     import torch.distributed as dist
@@ -937,3 +965,44 @@ def test_a_rank_giving_up_on_another_groups_members_does_not_fail_this_one() -> 
     give_up(store, "g", 5, ValueError("its interface is wrong"))
     with pytest.raises(GaveUpError, match="global rank 5: its interface is wrong"):
         await_ranks(store, namespace("g"), "cores", [1], 60.0, members=[2, 5])
+
+
+def test_no_word_is_left_in_a_store_whose_host_is_the_rank_that_failed(monkeypatch) -> None:
+    """A formed rank whose group broke leaves word in the store for ranks still forming it
+    (``_leave_word``), except when the culprit is global rank 0, which hosts the store
+    unless torchrun's agent does: writing to its dead store only made torch print a C++
+    trace on every survivor."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from mccl import process_group
+    from mccl.errors import CollectiveError
+
+    left = []
+    monkeypatch.setattr(process_group, "give_up",
+                        lambda store, label, rank, note: left.append((rank, str(note))))
+    pg = SimpleNamespace(_formed_at=time.monotonic(), _timeout_s=600.0, _rank=1, _size=3,
+                         _global_ranks=[4, 0, 7], _store=None, _label="g")
+
+    def word(culprit: int | None, agent: str | None = None) -> bool:
+        if agent is None:
+            monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+        else:
+            monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent)
+        left.clear()
+        before = set(threading.enumerate())
+        process_group.ProcessGroupMCCL._leave_word(
+            pg, CollectiveError("mccl all_reduce failed", op="all_reduce", peer=culprit))
+        for t in set(threading.enumerate()) - before:
+            t.join(timeout=10)
+        return bool(left)
+
+    assert word(0)  # group rank 0 is global rank 4
+    assert word(2)
+    assert word(None)
+    pg._global_ranks = [0, 4, 7]
+    assert not word(0)  # global rank 0: its store is gone with it
+    assert word(0, agent="True")  # torchrun's agent hosts the store
+    pg._rank = 0
+    assert word(0)  # blamed on itself (the peers gave up on it): it lives, and so does the store

@@ -182,6 +182,14 @@ def _cases(rank: int):
             return all(bool((o == i).all()) for i, o in enumerate(outs))
         return f
 
+    def arc(n):  # complex64: the bytes of 2n float32, as torch hands it over (real view)
+        def f(g):
+            t = torch.full((n,), complex(rank + 1, 1), dtype=torch.complex64)
+            dist.all_reduce(t, group=g)
+            w = dist.get_world_size(g)
+            return bool((t == complex(w * (w + 1) // 2, w)).all())
+        return f
+
     def ga(n, root):
         def f(g):
             me = dist.get_rank(g)
@@ -197,6 +205,7 @@ def _cases(rank: int):
         "count_ring": (ar(big), ar(big + 4)),
         "count_zero": (ar(8), ar(0)),
         "dtype": (ar(8), ar(8, torch.int32)),
+        "dtype_complex": (ar(8), arc(4)),
         "redop": (ar(8), ar(8, op=R.MAX)),
         "root": (bc(8, 0), bc(8, 1)),
         "root_gather": (ga(8, 0), ga(8, 1)),
@@ -229,6 +238,9 @@ def _bad_inputs(rank: int, w: int):
         "expanded": (lambda: dist.all_reduce(o(1).expand(4)), ["expanded", "(4,)"]),
         "expanded output": (lambda: dist.all_gather([o(1).expand(4)] * w, o(4)),
                             ["expanded"]),
+        # the root only reads it, but refuses it too: alone it would run the op
+        "expanded broadcast": (lambda: dist.broadcast(o(1).expand(4), src=1), ["expanded"]),
+        "expanded reduce": (lambda: dist.reduce(o(1).expand(4), dst=1), ["expanded"]),
         "root": (lambda: dist.broadcast(o(2), src=w + 3), []),
         "recv from self": (lambda: dist.recv(o(2), src=rank), ["itself"]),
         "nested": (lambda: dist.all_reduce(torch.nested.nested_tensor([o(2), o(3)])),
@@ -684,3 +696,64 @@ def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> 
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "RESULT mccl send: rank 1 has shut the group down" in outs[0], outs[0]
+
+
+def _p2p_dtypes(rank: int, world: int) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for sent, into in ((torch.ones(4), torch.zeros(4, dtype=torch.int32)),
+                       (torch.ones(2, dtype=torch.complex64), torch.zeros(4))):
+        g = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+        try:
+            if rank == 0:
+                dist.send(sent, dst=1, group=g)
+            else:
+                dist.recv(into, src=0, group=g)
+            dist.barrier(group=g)
+            out.append(f"NO ERROR {into.tolist() if rank else ''}")
+        except Exception as e:  # noqa: BLE001
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def test_a_message_received_into_another_dtype_is_refused() -> None:
+    """A send and its receive of the same bytes but different dtypes (float32 into int32;
+    complex64, which torch hands over as float pairs, into float32): the receive fails
+    naming both dtypes, instead of reading the bits as the other type, and the sender's
+    next op on the group fails too."""
+    res = run_ranks(_p2p_dtypes, 2, timeout=120, pg_timeout_s=30)
+    for pair, (sender, receiver) in enumerate(zip(res[0], res[1], strict=True)):
+        assert receiver.startswith("CollectiveError") and "another dtype" in receiver, receiver
+        names = [("torch.float32", "torch.int32"), ("torch.complex64", "torch.float32")][pair]
+        for name in names:
+            assert name in receiver, receiver
+        assert sender.startswith("CollectiveError"), sender  # its barrier: told by rank 1
+
+
+def _abort_while_sending(rank: int, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=60))
+    try:
+        if rank == 1:  # alive, but never receives: rank 0's large send blocks
+            time.sleep(4)
+            return "idle"
+        threading.Timer(1.0, g.abort).start()
+        try:
+            dist.send(torch.ones(4_000_000), dst=1, group=g)
+            return "NO ERROR"
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+    finally:
+        dist.barrier()
+
+
+def test_aborting_a_group_fails_its_blocked_send_as_aborted() -> None:
+    """``abort()`` from another thread unblocks a send that the (live) peer does not read;
+    the error says the group was aborted, not that the peer's connection was reset."""
+    res = run_ranks(_abort_while_sending, 2, timeout=120, pg_timeout_s=60)
+    assert res[0].startswith("CollectiveError peer=None"), res[0]
+    assert "aborted" in res[0] and "reset" not in res[0], res[0]

@@ -87,6 +87,7 @@ class PostedRecv:
     buf: memoryview
     since: float  # posted, or the group's last collective since: the timeout counts from here
     on_filled: Callable[[PostedRecv], None]
+    dtype: int = 0  # the buffer's dtype code (0: any), checked against the message's
     source: int = -1  # the peer it came from, once filled
 
 
@@ -495,19 +496,29 @@ class Mesh:
             p.recv_exact(mv)
             return
 
-    def _take_p2p(self, p: Peer, hdr: Header, tag: int, mv: memoryview) -> None:
+    def _take_p2p(self, p: Peer, hdr: Header, tag: int, mv: memoryview, dtype: int = 0) -> None:
+        """Check a message against the receive it fills: the same bytes, and (``dtype`` given)
+        the same dtype, so float bits are never read as integers without a word."""
         if hdr.length != len(mv):
             raise MismatchError(
                 p.rank,
                 f"rank {p.rank} sent {hdr.length} bytes with tag {tag}; "
                 f"the receive buffer on rank {self.rank} holds {len(mv)}",
             )
+        if dtype and hdr.sig.dtype and hdr.sig.dtype != dtype:
+            theirs, mine = (describe_signature(Signature(hdr.sig.op, code), self.describe)
+                            for code in (hdr.sig.dtype, dtype))
+            raise MismatchError(
+                p.rank,
+                f"rank {p.rank} sent {theirs} with tag {tag}; the receive on rank "
+                f"{self.rank} is {mine} (the same bytes, another dtype)",
+            )
 
-    def _from_stash(self, p: Peer, tag: int, mv: memoryview) -> bool:
+    def _from_stash(self, p: Peer, tag: int, mv: memoryview, dtype: int = 0) -> bool:
         """Fill ``mv`` with the oldest stashed message from ``p`` with ``tag``, if there is one."""
         for i, (hdr, data) in enumerate(p.p2p_stash):
             if hdr.sig.root == tag:
-                self._take_p2p(p, hdr, tag, mv)
+                self._take_p2p(p, hdr, tag, mv, dtype)
                 del p.p2p_stash[i]
                 mv[:] = data
                 return True
@@ -515,14 +526,14 @@ class Mesh:
 
     # ---- posted receives (comm thread) ----
     def post_recv(self, src: int | None, tag: int, buf,
-                  on_filled: Callable[[PostedRecv], None]) -> PostedRecv:
+                  on_filled: Callable[[PostedRecv], None], dtype: int = 0) -> PostedRecv:
         """Receive the next message with ``tag`` from ``src`` (None: any peer) into ``buf``
         without waiting for it: ``on_filled`` is called (on the reading thread) once it is
         there, at once if it was read ahead already. Messages from one peer with one tag fill
         receives in the order they were posted."""
-        pr = PostedRecv(src, tag, byte_view(buf), time.monotonic(), on_filled)
+        pr = PostedRecv(src, tag, byte_view(buf), time.monotonic(), on_filled, dtype)
         for p in self._senders(src):
-            if self._from_stash(p, tag, pr.buf):
+            if self._from_stash(p, tag, pr.buf, dtype):
                 self._filled(pr, p)
                 return pr
         self.posted.append(pr)
@@ -555,7 +566,7 @@ class Mesh:
         if pr is None:
             return False
         self.posted.remove(pr)
-        self._take_p2p(p, hdr, pr.tag, pr.buf)
+        self._take_p2p(p, hdr, pr.tag, pr.buf, pr.dtype)
         p.recv_exact(pr.buf)
         self._filled(pr, p)
         return True

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from . import handshake
@@ -152,6 +152,19 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
                        f"{timeout_s:.0f}s (the group's timeout)")
 
 
+#: ``(global ranks) -> reason or None``: why one of those ranks is known to be gone, from a
+#: connection this process already has to it (``watch_liveness``); None: nothing to ask.
+_known_gone: Callable[[Collection[int]], str | None] | None = None
+
+
+def watch_liveness(known_gone: Callable[[Collection[int]], str | None] | None) -> None:
+    """Let every set-up wait ask ``known_gone`` about the ranks of the group it forms: one
+    whose process is known to be gone fails the set-up at once, instead of the group timeout
+    later (the process group module answers from the default group's connections)."""
+    global _known_gone
+    _known_gone = known_gone
+
+
 class GiveUpWatch:
     """Has a rank of the group given up on it (``give_up``)? Every wait of a group's set-up
     looks: the waits on the store (``await_ranks``) and those on the peers (a dial, the
@@ -188,6 +201,10 @@ class GiveUpWatch:
             causes = [(g, n) for g, n in quit_ if CANNOT_FORM not in n] or quit_
             said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
             raise GaveUpError(f"mccl group '{self.group}' {CANNOT_FORM} ({said})")
+        known_gone = _known_gone
+        why = known_gone(self._fate) if known_gone is not None and self._fate else None
+        if why is not None:
+            raise PeerGoneError(f"mccl group '{self.group}' cannot form: {why}")
 
     def store_failed(self, e: BaseException) -> ConnectionError:
         return ConnectionError(

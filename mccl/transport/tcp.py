@@ -208,6 +208,9 @@ class Peer:
         self.on_stall: Callable[[Peer, int, list | None], list] = _stall_alone
         self.bye = False  # the peer announced a clean shutdown
         self.eof = False  # the peer's side is closed (after a BYE)
+        #: Why a read found the connection gone without a BYE (the peer's process exited or
+        #: was killed), once one did (``gone``).
+        self.lost: str | None = None
         #: Last STATE probe: (seq, signature, rank it waits for).
         self.state: tuple[int, Signature, int] | None = None
         #: This rank sent the peer a frame after its last STATE (the wait it reported on this
@@ -431,16 +434,35 @@ class Peer:
 
     def _conn_error(self, e: OSError) -> PeerError:
         if e.errno in _RESETS:
-            return PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
-                                        f"exited or was killed?): {e}")
+            err = PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
+                                       f"exited or was killed?): {e}")
+            if not self.bye:
+                self.lost = str(err)
+            return err
         return PeerError(self.rank, f"connection to rank {self.rank} failed: {e}")
 
     def _closed_error(self) -> PeerError:
         if self.bye:
             return PeerError(self.rank, f"rank {self.rank} shut the group down and closed the "
                                         "connection")
-        return PeerError(self.rank, f"rank {self.rank} closed the connection (process exited "
-                                    "or was killed?)")
+        err = PeerError(self.rank, f"rank {self.rank} closed the connection (process exited "
+                                   "or was killed?)")
+        self.lost = str(err)
+        return err
+
+    def gone(self) -> str | None:
+        """Why the peer's process is known to be gone: its end of the connection closed or
+        reset without a BYE (a clean shutdown of this group says BYE first), seen by a read
+        before or by a peek now (any thread); None while it may be alive."""
+        if self.lost is None and not self.bye:
+            try:
+                raw = self.peek(1)
+            except PeerError:
+                pass  # (sets ``lost`` if it was a reset)
+            else:
+                if raw == b"":
+                    self._closed_error()
+        return None if self.bye else self.lost
 
     def read_payload(self, hdr: Header) -> bytearray:
         """Read an unexpected payload (to stash); memory grows only as bytes arrive."""
