@@ -505,12 +505,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError("mccl broadcast: rootTensor must be 0")
         t = self._one(op_name, tensors)
         root = self._root(op_name, root)
+        device = self._device_of(op_name, [t])
         self._writable_everywhere(op_name, t)
         sig = signature(Kind.BROADCAST, wire_dtype(t), root=root, count=t.numel())
         is_root = self.rank() == root
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
-                            [t], [is_root], [not is_root], [t], opts=opts)
+                            [t], [is_root], [not is_root], [t], opts=opts, device=device)
 
     def reduce(self, tensors, opts=None):
         op_name = "reduce"
