@@ -303,13 +303,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                  "memory (an expanded view); pass one that does not, e.g. "
                                  ".clone()")
 
-    def _writable_everywhere(self, op: str, t: torch.Tensor) -> None:
-        """A rooted op's one tensor receives the result on some ranks only: one that could not
-        (an expanded view) is refused on every rank alike, the root too, which only reads it
-        there. Else the root alone would run the op, and the group would break on the next."""
-        if not t.is_contiguous():
-            self._writable(op, [t], [True])
-
     def _adapter(self, device: torch.device | None) -> Adapter:
         key = str(device or "cpu")
         a = self._adapters.get(key)
@@ -391,20 +384,33 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
                 collective: bool = True, opts=None, start=None, segmented=None,
                 device: torch.device | None | object = _UNCHECKED, park=None,
-                placements: Sequence[Placement] = ()) -> Work:
+                placements: Sequence[Placement] = (), sink: bool = False) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
         ``segmented(io)``: called when a staged hand-off copies the one tensor piece by piece
         in the ring's order (all-reduce only), before the op is queued. ``placements``: where
         an input may share memory with an output (the op's in-place layout); an input that
-        shares it otherwise is read from a copy (``clashing_inputs``)."""
+        shares it otherwise is read from a copy (``clashing_inputs``). ``sink``: a rooted op
+        whose other ranks cannot tell that this rank's result tensor could not take the result
+        (an expanded view): the op runs with a private copy in its place, so every rank
+        completes it and the group stays in step, and the Work then fails with the
+        ``ValueError`` (elsewhere it is raised before any byte moves)."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         strided = any(needs_copy(t) for t in tensors)
+        refused = None
         if strided:
-            self._writable(name, tensors, writes)
+            try:
+                self._writable(name, tensors, writes)
+            except ValueError as e:
+                if not sink:
+                    raise
+                refused = e
+                tensors = [t.contiguous() if w and overlaps_itself(t) else t
+                           for t, w in zip(tensors, writes, strict=True)]
+                strided = any(needs_copy(t) for t in tensors)
         copies = strided or bool(clashing_inputs(tensors, reads, writes, placements))
         if copies:
             segmented = None  # ranges of a flat view: the copy below is made whole
@@ -422,7 +428,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             segmented(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         blocking = opts is not None and getattr(opts, "asyncOp", True) is False
-        work = Work(name, result, devices=devices, blocking=blocking)
+        work = Work(name, result, devices=devices, blocking=blocking, refused=refused)
         job = Job(name, sig, body, work, handoff, collective=collective, start=start,
                   tensors=tensors, park=park)
         # A blocking collective runs on the caller's thread when the group is idle: the caller
@@ -506,12 +512,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         t = self._one(op_name, tensors)
         root = self._root(op_name, root)
         device = self._device_of(op_name, [t])
-        self._writable_everywhere(op_name, t)
         sig = signature(Kind.BROADCAST, wire_dtype(t), root=root, count=t.numel())
         is_root = self.rank() == root
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
-                            [t], [is_root], [not is_root], [t], opts=opts, device=device)
+                            [t], [is_root], [not is_root], [t], opts=opts, device=device,
+                            sink=True)
 
     def reduce(self, tensors, opts=None):
         op_name = "reduce"
@@ -519,7 +525,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         root = self._root(op_name, opts.rootRank if opts is not None else 0)
         given = self._one(op_name, tensors)
         device = self._device_of(op_name, [given])
-        self._writable_everywhere(op_name, given)
         (t,) = self._real_pairs(op_name, redop, [given])
         check(redop, t.dtype)
         sig = signature(Kind.REDUCE, wire_dtype(t), redop, root, t.numel())
@@ -527,7 +532,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
-                            [t], [True], [is_root], [given], opts=opts, device=device)
+                            [t], [True], [is_root], [given], opts=opts, device=device,
+                            sink=True)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         op_name = "all_gather"

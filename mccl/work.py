@@ -136,8 +136,12 @@ class Work(dist.Work):
     """
 
     def __init__(self, op: str, result: list[torch.Tensor] | None = None,
-                 devices: list[torch.device] | None = None, blocking: bool = False):
+                 devices: list[torch.device] | None = None, blocking: bool = False,
+                 refused: BaseException | None = None):
         super().__init__()
+        #: Why this rank could not take the result of an op it still ran (the process
+        #: group's ``sink``): the op's completion fails the Work with it.
+        self._refused = refused
         self._blocking = blocking  # waited by torch before the call returns: never escapes
         self.op = op
         self._result: list[torch.Tensor] = result if result is not None else []
@@ -172,6 +176,9 @@ class Work(dist.Work):
 
     # ---- completion (comm thread) ----
     def complete(self, gate=None, result_ctx=None) -> None:
+        if self._refused is not None:
+            self._settle(self._refused, None)
+            return
         self._gate = gate
         self._settle(None, result_ctx)
 

@@ -238,9 +238,6 @@ def _bad_inputs(rank: int, w: int):
         "expanded": (lambda: dist.all_reduce(o(1).expand(4)), ["expanded", "(4,)"]),
         "expanded output": (lambda: dist.all_gather([o(1).expand(4)] * w, o(4)),
                             ["expanded"]),
-        # the root only reads it, but refuses it too: alone it would run the op
-        "expanded broadcast": (lambda: dist.broadcast(o(1).expand(4), src=1), ["expanded"]),
-        "expanded reduce": (lambda: dist.reduce(o(1).expand(4), dst=1), ["expanded"]),
         "root": (lambda: dist.broadcast(o(2), src=w + 3), []),
         "recv from self": (lambda: dist.recv(o(2), src=rank), ["itself"]),
         "nested": (lambda: dist.all_reduce(torch.nested.nested_tensor([o(2), o(3)])),
@@ -757,3 +754,52 @@ def test_aborting_a_group_fails_its_blocked_send_as_aborted() -> None:
     res = run_ranks(_abort_while_sending, 2, timeout=120, pg_timeout_s=60)
     assert res[0].startswith("CollectiveError peer=None"), res[0]
     assert "aborted" in res[0] and "reset" not in res[0], res[0]
+
+
+def _rooted_ops_on_expanded_views(rank: int, world: int) -> list[tuple[str, str, bool]]:
+    import torch
+    import torch.distributed as dist
+
+    def expanded() -> torch.Tensor:
+        return torch.full((1,), float(rank + 1)).expand(4)
+
+    root = 1
+    calls = {  # name -> (call, does this rank have to take the result into the view?)
+        "broadcast, every rank": (lambda: dist.broadcast(expanded(), src=root), rank != root),
+        "broadcast, root only": (
+            lambda: dist.broadcast(expanded() if rank == root else torch.zeros(4), src=root),
+            False),
+        "reduce, every rank": (lambda: dist.reduce(expanded(), dst=root), rank == root),
+    }
+    out = []
+    for name, (call, takes) in calls.items():
+        t = torch.zeros(4)
+        try:
+            if name == "broadcast, root only" and rank != root:
+                dist.broadcast(t, src=root)
+                err = "" if bool((t == root + 1).all()) else f"wrong result {t.tolist()}"
+            else:
+                call()
+                err = ""
+        except ValueError as e:
+            err = f"ValueError: {e}"
+        if takes:
+            ok = err.startswith("ValueError") and "expanded" in err
+        else:
+            ok = err == ""
+        s = torch.full((3,), float(rank))
+        dist.all_reduce(s)  # the group is still in step and usable
+        out.append((name, err, ok and bool((s == world * (world - 1) / 2).all())))
+    return out
+
+
+def test_rooted_ops_on_expanded_views_keep_the_group_in_step() -> None:
+    """A broadcast or reduce whose tensor is an expanded view (elements sharing memory) on
+    some ranks: where a rank only reads it, the op runs; where it would take the result,
+    that rank's call raises a ValueError naming the view, after the op ran with a private
+    copy in its place, so no rank runs the op alone and the group stays usable (before,
+    a root that merely read the view ran the op while the others refused theirs)."""
+    for rank, rows in enumerate(run_ranks(_rooted_ops_on_expanded_views, 3, timeout=120,
+                                          pg_timeout_s=30)):
+        for name, err, ok in rows:
+            assert ok, f"rank {rank}, {name}: {err or 'no error'}"
