@@ -184,10 +184,13 @@ class GiveUpWatch:
                          else ())
         self._seen: list[tuple[int, str]] = []
         self._next = 0.0
+        self._next_gone = 0.0
 
     def look(self, now: bool = False) -> None:
         """Raise ``GaveUpError`` if a rank of the group gave up (``every_s`` after the last
-        look at the earliest, unless ``now``)."""
+        look at the earliest, unless ``now``), ``PeerGoneError`` if a member is known to be
+        gone (``watch_liveness``; asked at most every ``GIVE_UP_LOOK_S``: it peeks a socket
+        per member)."""
         t = time.monotonic()
         if t < self._next and not now:
             return
@@ -202,7 +205,10 @@ class GiveUpWatch:
             said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
             raise GaveUpError(f"mccl group '{self.group}' {CANNOT_FORM} ({said})")
         known_gone = _known_gone
-        why = known_gone(self._fate) if known_gone is not None and self._fate else None
+        if known_gone is None or not self._fate or (t < self._next_gone and not now):
+            return
+        self._next_gone = t + GIVE_UP_LOOK_S
+        why = known_gone(self._fate)
         if why is not None:
             raise PeerGoneError(f"mccl group '{self.group}' cannot form: {why}")
 
