@@ -225,6 +225,33 @@ def test_a_cluster_of_one_host_is_a_usage_error() -> None:
     _plan(_parse("--cluster", "--hosts", "2", "--world-sizes", "3"))  # ranks share hosts
 
 
+def test_cluster_settings_without_cluster_are_usage_errors() -> None:
+    """Before: --rate, --hosts ... without --cluster were ignored, and the loopback run that
+    followed could pass for one on shaped links."""
+    from mccl.bench.__main__ import _plan
+
+    for argv in (("--rate", "1gbit"), ("--hosts", "3"), ("--burst", "64K"), ("--cc", "cubic"),
+                 ("--prefix", "other"), ("--rx-steering", "on")):
+        with pytest.raises(ValueError, match=f"{argv[0]} set.* only with --cluster"):
+            _plan(_parse(*argv, "--world-sizes", "2"))
+    args = _parse("--cluster", "--world-sizes", "2")
+    _plan(args)
+    assert args.rate == "1gbit"  # the cluster's default rate
+
+
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_running(tmp_path: Path) -> None:
+    """Before: --png plot.txt (or the --json file) ran every size, then a traceback."""
+    from mccl.bench.__main__ import _plan
+
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError, match=r"matplotlib cannot write \.txt files"):
+        _plan(_parse("--png", str(tmp_path / "plot.txt"), "--world-sizes", "2"))
+    same = str(tmp_path / "r.png")
+    with pytest.raises(ValueError, match="--json and --png name the same file"):
+        _plan(_parse("--json", same, "--png", same, "--world-sizes", "2"))
+    _plan(_parse("--png", str(tmp_path / "plot.svg"), "--world-sizes", "2"))
+
+
 def test_lists_are_checked_and_deduplicated() -> None:
     """Before: --ops '' ran nothing and exited 0, --sizes ''/--backends '' fell back to the
     defaults, duplicates ran twice, and a factor near 1 listed 200k sizes."""

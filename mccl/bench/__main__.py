@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from mccl.bench.cli import (
@@ -30,9 +31,11 @@ from mccl.bench.cli import (
     start_cluster,
     steering,
 )
+from mccl.bench.cluster import DEFAULT_PREFIX, DEFAULT_RATE
 from mccl.bench.ops import OPS, canonical_op
 from mccl.bench.report import (
     annotate,
+    check_plot_path,
     format_size,
     format_table,
     new_document,
@@ -91,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run ranks in emulated hosts (Linux netns, root)")
     p.add_argument("--hosts", type=at_least(0), default=0,
                    help="cluster hosts (default: max world size)")
-    p.add_argument("--rate", default="1gbit", help="cluster link rate (e.g. 10gbit, none)")
-    p.add_argument("--prefix", default="mccl", help="cluster namespace prefix")
+    p.add_argument("--rate", default=None,
+                   help=f"cluster link rate (e.g. 10gbit, none; default {DEFAULT_RATE})")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="cluster namespace prefix")
     p.add_argument("--burst", type=parse_size, default=None, metavar="BYTES",
                    help="cluster tbf bucket, e.g. 128K (default: 1 ms at the rate, >= 128K; "
                         "a smaller bucket lets an idle link catch up less, as a switch port)")
@@ -204,6 +208,19 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], li
     if args.cluster and args.hosts == 1:
         raise ValueError("--hosts must be at least 2 with --cluster (the ceiling is measured "
                          "over the link between two hosts), got 1")
+    if not args.cluster:  # else a loopback run would pass for one on shaped links
+        shaping = [flag for flag, value, unset in (
+            ("--hosts", args.hosts, 0), ("--rate", args.rate, None), ("--burst", args.burst, None),
+            ("--cc", args.cc, None), ("--prefix", args.prefix, DEFAULT_PREFIX),
+            ("--rx-steering", args.rx_steering, "auto")) if value != unset]
+        if shaping:
+            raise ValueError(f"{', '.join(shaping)} set(s) up the emulated cluster, which runs "
+                             "only with --cluster (without it the ranks use loopback)")
+    args.rate = args.rate or DEFAULT_RATE
+    if args.png is not None:
+        check_plot_path(args.png, "--png")
+        if args.json is not None and Path(args.json).resolve() == Path(args.png).resolve():
+            raise ValueError(f"--json and --png name the same file ({args.png})")
     for flag, path in (("--json", args.json), ("--png", args.png)):
         if path is not None:
             prepare_output(path, flag)

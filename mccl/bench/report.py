@@ -265,6 +265,22 @@ def new_document(argv: Sequence[str], config: dict[str, Any]) -> dict[str, Any]:
             "notes": [], "jobs": []}
 
 
+def check_plot_path(path: str | Path, flag: str) -> None:
+    """Refuse, before the run, a plot file whose extension matplotlib cannot write (the run
+    went ahead and ended in a traceback). Without matplotlib there is nothing to check: the
+    plot is skipped then, with a warning."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    if not ext:
+        return
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return
+    if ext not in FigureCanvasBase.get_supported_filetypes():
+        raise ValueError(f"{flag} {path}: matplotlib cannot write .{ext} files (name a .png, "
+                         ".svg or .pdf file)")
+
+
 def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
               title: str = "") -> bool:
     """busbw and time vs size (log2 x); one line per backend x op x world size.
