@@ -31,6 +31,7 @@ import numpy as np
 
 from mccl.algorithms import base, grid
 from mccl.bench.cluster import tcp_payload_ceiling
+from mccl.bench.ops import bus_factor
 from mccl.bench.report import format_size, load_json
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,15 @@ def ring_time(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> floa
     return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size / bandwidth_bps
 
 
+def allreduce_busbw(n: int, size: float, time_s: float) -> float:
+    """nccl-tests busbw (bytes/s) of an all-reduce of ``size`` bytes on ``n`` ranks that took
+    ``time_s``: algbw x 2(n-1)/n."""
+    return size / time_s * bus_factor("all_reduce", n)
+
+
 def ring_busbw(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> float:
-    """nccl-tests busbw (bytes/s) the model predicts: algbw x 2(n-1)/n."""
-    return size / ring_time(n, size, alpha_s, bandwidth_bps) * 2 * (n - 1) / n
+    """The busbw the model predicts for the ring."""
+    return allreduce_busbw(n, size, ring_time(n, size, alpha_s, bandwidth_bps))
 
 
 def mccl_steps(n: int, size: float) -> tuple[int, int | None]:
@@ -84,7 +91,7 @@ def mccl_time(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> floa
 
 def mccl_busbw(n: int, size: float, alpha_s: float, bandwidth_bps: float) -> float:
     """``ring_busbw`` for the all-reduce mccl runs (``mccl_time``)."""
-    return size / mccl_time(n, size, alpha_s, bandwidth_bps) * 2 * (n - 1) / n
+    return allreduce_busbw(n, size, mccl_time(n, size, alpha_s, bandwidth_bps))
 
 
 def half_bandwidth_size(n: int, alpha_s: float, bandwidth_bps: float) -> float:
@@ -146,7 +153,7 @@ def report(doc: dict[str, Any], backend: str, fit: Fit, hosts: Sequence[int],
            f"{'model busbw':>12} {'err%':>6}"]
     for n, s, t in sorted(allreduce_points(doc, backend, min_size)):
         mt = fit.time_s(n, s)
-        meas_bw = s / t * 2 * (n - 1) / n
+        meas_bw = allreduce_busbw(n, s, t)
         out.append(f"{n:>4} {format_size(s):>7} {t * 1e6:>12.1f} {mt * 1e6:>12.1f} "
                    f"{meas_bw / 1e9:>11.4f} {fit.busbw(n, s) / 1e9:>12.4f} "
                    f"{100 * (mt - t) / t:>+6.1f}")
@@ -191,7 +198,7 @@ def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Seq
     sizes = np.logspace(3, 29, 200, base=2.0)
     for i, n in enumerate(sorted({p[0] for p in pts})):
         mine = sorted(p for p in pts if p[0] == n)
-        ax_m.plot([p[1] for p in mine], [p[1] / p[2] * 2 * (n - 1) / n / 1e9 for p in mine],
+        ax_m.plot([p[1] for p in mine], [allreduce_busbw(n, p[1], p[2]) / 1e9 for p in mine],
                   "o", color=f"C{i}", label=f"measured n={n}")
         ax_m.plot(sizes, [fit.busbw(n, s) / 1e9 for s in sizes], "-", color=f"C{i}",
                   label=f"model n={n}")
