@@ -198,6 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args, cfg, backends, worlds, doc)
 
 
+#: Options that only shape the emulated cluster (an error without ``--cluster``).
+CLUSTER_FLAGS = ("--hosts", "--rate", "--burst", "--cc", "--prefix", "--rx-steering")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
 def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], list[str]]:
     """Every check that can fail before a rank starts: (ops, sizes, world sizes, backends).
     Raises CliError or ValueError with one line."""
@@ -209,10 +217,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], li
         raise ValueError("--hosts must be at least 2 with --cluster (the ceiling is measured "
                          "over the link between two hosts), got 1")
     if not args.cluster:  # else a loopback run would pass for one on shaped links
-        shaping = [flag for flag, value, unset in (
-            ("--hosts", args.hosts, 0), ("--rate", args.rate, None), ("--burst", args.burst, None),
-            ("--cc", args.cc, None), ("--prefix", args.prefix, DEFAULT_PREFIX),
-            ("--rx-steering", args.rx_steering, "auto")) if value != unset]
+        unset = build_parser().parse_args([])  # the parser's own defaults
+        shaping = [flag for flag in CLUSTER_FLAGS
+                   if getattr(args, _dest(flag)) != getattr(unset, _dest(flag))]
         if shaping:
             raise ValueError(f"{', '.join(shaping)} set(s) up the emulated cluster, which runs "
                              "only with --cluster (without it the ranks use loopback)")
