@@ -136,6 +136,8 @@ class Mesh:
         self._polling = False
         #: Receives waiting for their message, in the order they were posted (comm thread).
         self.posted: list[PostedRecv] = []
+        #: p2p messages stashed so far: the order a receive from any peer takes them in.
+        self._stashed = 0
         #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
         #: until that op reads it; ``serve`` does not wait on them meanwhile.
         self._held: set[int] = set()
@@ -422,7 +424,8 @@ class Mesh:
         """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
         if hdr.kind == P2P:
             if not self._deliver(p, hdr):
-                p.p2p_stash.append((hdr, p.read_payload(hdr)))
+                self._stashed += 1
+                p.p2p_stash.append((hdr, p.read_payload(hdr), self._stashed))
         elif hdr.kind == DATA:
             self._check_early(p, hdr)
             p.coll_stash.append((hdr, p.read_payload(hdr)))
@@ -514,15 +517,27 @@ class Mesh:
                 f"{self.rank} is {mine} (the same bytes, another dtype)",
             )
 
-    def _from_stash(self, p: Peer, tag: int, mv: memoryview, dtype: int = 0) -> bool:
-        """Fill ``mv`` with the oldest stashed message from ``p`` with ``tag``, if there is one."""
-        for i, (hdr, data) in enumerate(p.p2p_stash):
-            if hdr.sig.root == tag:
-                self._take_p2p(p, hdr, tag, mv, dtype)
-                del p.p2p_stash[i]
-                mv[:] = data
-                return True
-        return False
+    def _from_stash(self, senders: Sequence[Peer], tag: int, mv: memoryview,
+                    dtype: int = 0) -> Peer | None:
+        """Fill ``mv`` with the message with ``tag`` that was read first from any of
+        ``senders`` (a peer's own in order, and across peers in the order read, so a receive
+        from any peer never leaves an early message behind later ones); return its sender, or
+        None if none is stashed."""
+        first: tuple[int, Peer, int] | None = None
+        for p in senders:
+            for i, (hdr, _, n) in enumerate(p.p2p_stash):
+                if hdr.sig.root == tag:
+                    if first is None or n < first[0]:
+                        first = (n, p, i)
+                    break
+        if first is None:
+            return None
+        _, p, i = first
+        hdr, data, _ = p.p2p_stash[i]
+        self._take_p2p(p, hdr, tag, mv, dtype)
+        del p.p2p_stash[i]
+        mv[:] = data
+        return p
 
     # ---- posted receives (comm thread) ----
     def post_recv(self, src: int | None, tag: int, buf,
@@ -532,10 +547,10 @@ class Mesh:
         there, at once if it was read ahead already. Messages from one peer with one tag fill
         receives in the order they were posted."""
         pr = PostedRecv(src, tag, byte_view(buf), time.monotonic(), on_filled, dtype)
-        for p in self._senders(src):
-            if self._from_stash(p, tag, pr.buf, dtype):
-                self._filled(pr, p)
-                return pr
+        p = self._from_stash(self._senders(src), tag, pr.buf, dtype)
+        if p is not None:
+            self._filled(pr, p)
+            return pr
         self.posted.append(pr)
         return pr
 
@@ -552,7 +567,7 @@ class Mesh:
         """The posted receive a p2p frame from ``p`` fills (None: nobody has asked for it yet,
         or an older message with its tag waits in the stash)."""
         tag = hdr.sig.root
-        if not self.posted or any(h.sig.root == tag for h, _ in p.p2p_stash):
+        if not self.posted or any(h.sig.root == tag for h, _, _ in p.p2p_stash):
             return None
         for pr in self.posted:
             if pr.tag == tag and pr.src in (None, p.rank):
@@ -587,24 +602,39 @@ class Mesh:
                 for q in self._live():
                     if not q.eof and q.rank not in self._held:
                         sel.register(q.sock, selectors.EVENT_READ, q)
+                ready: list[Peer] = []
                 for key, _ in sel.select(timeout_s):
-                    q = key.data
-                    if q is None:
-                        try:
-                            wake.recv(4096)
-                        except OSError:
-                            pass
+                    if key.data is not None:
+                        ready.append(key.data)
                         continue
-                    read = self._poll_peer(q, any_p2p=True)
-                    if read is None:
-                        self._held.add(q.rank)
-                    elif read == 0 and not q.eof:
-                        # readable, but not a whole header yet: wait for the rest of it here
-                        # (rather than spin on the select), or for the end of the stream
-                        self._stash(q, self._header(q))
+                    try:
+                        wake.recv(4096)
+                    except OSError:
+                        pass
+                self._read_round_robin(ready)
         finally:
             self._polling = False
         self._check_posted()
+
+    def _read_round_robin(self, ready: list[Peer]) -> None:
+        """Read the whole frames that arrived from the ``ready`` peers, a frame from each in
+        turn (at most ``POLL_FRAMES`` each): messages from several peers are stashed in about
+        the order they arrived, which a receive from any peer then follows (gloo's too)."""
+        for turn in range(POLL_FRAMES):
+            still = []
+            for q in ready:
+                read = self._poll_peer(q, any_p2p=True, limit=1)
+                if read is None:
+                    self._held.add(q.rank)
+                elif read:
+                    still.append(q)
+                elif turn == 0 and not q.eof:
+                    # readable, but not a whole header yet: wait for the rest of it here
+                    # (rather than spin on the select), or for the end of the stream
+                    self._stash(q, self._header(q))
+            if not still:
+                return
+            ready = still
 
     def _check_posted(self) -> None:
         """Tell the peers what the oldest posted receive waits for once it waited ``probe_s``;
@@ -644,9 +674,9 @@ class Mesh:
         """Receive a p2p message with ``tag`` from whichever peer sends first; return its rank."""
         mv = byte_view(buf)
         live = self._live()
-        for p in live:
-            if self._from_stash(p, tag, mv):
-                return p.rank
+        p = self._from_stash(live, tag, mv)
+        if p is not None:
+            return p.rank
         with selectors.DefaultSelector() as sel:
             for p in live:
                 if not p.eof:
@@ -755,12 +785,12 @@ class Mesh:
         finally:
             self._polling = False
 
-    def _poll_peer(self, q: Peer, any_p2p: bool = False) -> int | None:
-        """Read ``q``'s frames that have arrived whole (at most ``POLL_FRAMES``); return how
+    def _poll_peer(self, q: Peer, any_p2p: bool = False, limit: int = POLL_FRAMES) -> int | None:
+        """Read ``q``'s frames that have arrived whole (at most ``limit``); return how
         many, or None where it stopped at a frame too large to stash, left in the socket. A p2p
         message a posted receive wants is always read (into that receive); other large ones
         only with ``any_p2p``."""
-        for n in range(POLL_FRAMES):
+        for n in range(limit):
             peeked = self._peek_header(q)
             if peeked is None:
                 return n
@@ -771,7 +801,7 @@ class Mesh:
                 if not any_p2p and self._receiver(q, peeked) is None:
                     return None
             self._stash(q, self._header(q))
-        return POLL_FRAMES
+        return limit
 
     # ---- what the peers sent that was never read (clean shutdown) ----
     def unread(self, grace_s: float) -> list[str]:
@@ -785,7 +815,7 @@ class Mesh:
         raised it to its own caller.) Only the shutting-down thread may call this (the comm
         thread has stopped)."""
         found = [self._unread_text(p, hdr) for p in self._live()
-                 for hdr, _ in (*p.coll_stash, *p.p2p_stash)]
+                 for hdr in [h for h, _ in p.coll_stash] + [h for h, _, _ in p.p2p_stash]]
         found += [self._never_issued(r, seq, sig) for seq, probes in sorted(self._ahead.items())
                   for r, sig in probes]
         deadline = time.monotonic() + grace_s

@@ -202,7 +202,9 @@ class Peer:
         self._stopping = False  # set under _count_lock; nothing is queued after the sentinel
         self.send_error: BaseException | None = None
         self.coll_stash: deque[tuple[Header, bytearray]] = deque()
-        self.p2p_stash: list[tuple[Header, bytearray]] = []
+        #: p2p messages read ahead of their receive: (header, payload, the mesh's read count
+        #: when read), so a receive from any peer takes the one read first (``Mesh.post_recv``)
+        self.p2p_stash: list[tuple[Header, bytearray, int]] = []
         self._hdr = bytearray(HEADER_SIZE)
         #: Called by recv_exact when the socket timed out: (peer, bytes got, state) -> state.
         self.on_stall: Callable[[Peer, int, list | None], list] = _stall_alone
