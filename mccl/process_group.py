@@ -28,6 +28,7 @@ from .device.strided import (
     ContiguousHandoff,
     Placement,
     clashing_inputs,
+    clashing_outputs,
     needs_copy,
     overlaps_itself,
     plain_copy,
@@ -411,7 +412,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 tensors = [t.contiguous() if w and overlaps_itself(t) else t
                            for t, w in zip(tensors, writes, strict=True)]
                 strided = any(needs_copy(t) for t in tensors)
-        copies = strided or bool(clashing_inputs(tensors, reads, writes, placements))
+        copies = (strided or bool(clashing_inputs(tensors, reads, writes, placements))
+                  or bool(clashing_outputs(tensors, writes)))
         if copies:
             segmented = None  # ranges of a flat view: the copy below is made whole
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
@@ -609,7 +611,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
                                                       scratch),
                             outs + [inp], [False] * n + [True], [True] * n + [False],
-                            [outs] if is_root else [], opts=opts,
+                            outs if is_root else [], opts=opts,
                             placements=[(n, root, 0)] if is_root else ())
 
     def scatter(self, output_tensors, input_tensors, opts=None):

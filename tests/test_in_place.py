@@ -51,6 +51,19 @@ def _cases(rank: int, world: int, n: int, dev: str) -> list[str]:
     dist.all_gather(outs, outs[nxt])
     check("all_gather, input is another rank's output", torch.cat(outs), everyone)
 
+    # one buffer in every slot: the slots are written in the list's order, so every rank ends
+    # with the last rank's values (gloo's result); in place each would hold another rank's
+    buf = torch.zeros(n, device=dev)
+    dist.all_gather([buf] * world, _values(rank, n, dev))
+    check("all_gather into one buffer in every slot", buf, _values(world - 1, n, dev))
+    halves = torch.zeros(n + n // 2, device=dev)  # slots overlapping by half
+    outs = [halves[(r % 2) * (n // 2):(r % 2) * (n // 2) + n] for r in ranks]
+    dist.all_gather(outs, _values(rank, n, dev))
+    want = torch.zeros(n + n // 2, device=dev)
+    for r in ranks:
+        want[(r % 2) * (n // 2):(r % 2) * (n // 2) + n] = _values(r, n, dev)
+    check("all_gather into overlapping slots", halves, want)
+
     total = sum(_values(r, n, dev) for r in ranks)
     for part, what in ((rank, "own part"), (nxt, "next rank's part")):
         inp = torch.cat([_values(rank, n, dev)] * world)
@@ -119,3 +132,18 @@ def test_only_inputs_outside_the_ops_layout_are_copied() -> None:
     assert clashing_inputs([out[:0], out], reads, writes) == []  # empty shares nothing
     strided = out.view(n, w)[:, 0]  # every w-th element: spans the whole buffer
     assert clashing_inputs([out[1:2], strided], reads, writes) == [1]
+
+
+def test_only_outputs_sharing_memory_with_each_other_are_copied() -> None:
+    from mccl.device.strided import clashing_outputs
+
+    n = 6
+    out = torch.zeros(4 * n)
+    slots = [out[i * n:(i + 1) * n] for i in range(4)]
+    assert clashing_outputs(slots, [True] * 4) == []  # neighbours
+    assert clashing_outputs([slots[0]] * 3, [True] * 3) == [0, 1, 2]
+    assert clashing_outputs([slots[0], slots[1], slots[0]], [True] * 3) == [0, 2]
+    assert clashing_outputs([slots[0], slots[0]], [True, False]) == []  # one is only read
+    assert clashing_outputs([out[: n + 1], slots[2], out[n:2 * n]], [True] * 3) == [0, 2]
+    assert clashing_outputs([out[:0], out[:0], slots[3]], [True] * 3) == []  # empty ones
+    assert clashing_outputs([out, slots[1], slots[3]], [True] * 3) == [0, 1, 2]  # nested

@@ -9,7 +9,11 @@ comm thread in the op's turn (and copied back before the op completes where they
   op is written for (an all-gather's input in its own rank's slot of the output, a
   reduce-scatter's output in its own rank's part of the input): receives into the output
   would overwrite input not yet sent or reduced (``all_to_all_single(t, t)``, an all-gather
-  whose input sits in another rank's slot), so the input is read from a copy.
+  whose input sits in another rank's slot), so the input is read from a copy;
+* outputs that share memory with each other (an all-gather into ``[buf] * world``): each
+  receives into its own copy, and the copies are written back in the list's order, so every
+  rank ends with the last one's value, as on gloo (received in place, each rank's buffer
+  would hold whichever slot its ring filled last).
 """
 
 from __future__ import annotations
@@ -76,6 +80,32 @@ def clashing_inputs(tensors: Sequence[torch.Tensor], reads: Sequence[bool],
                                      for j in outputs)]
 
 
+def clashing_outputs(tensors: Sequence[torch.Tensor], writes: Sequence[bool]) -> list[int]:
+    """Indices of the written tensors whose memory meets another written tensor's: each
+    must receive into a copy of its own."""
+    outputs = [j for j in range(len(tensors)) if writes[j]]
+    if len(outputs) < 2:
+        return []
+    spans = sorted((byte_span(tensors[j]), j) for j in outputs)
+    clash: list[int] = []
+    group: list[int] = []
+    end = 0
+    for (lo, hi), j in spans:
+        if lo >= hi:  # empty: meets nothing
+            continue
+        if group and lo < end:
+            group.append(j)
+        else:
+            if len(group) > 1:
+                clash += group
+            group = [j]
+            end = 0
+        end = max(end, hi)
+    if len(group) > 1:
+        clash += group
+    return sorted(clash)
+
+
 def overlaps_itself(t: torch.Tensor) -> bool:
     """Do two elements of ``t`` share memory (an expanded view)? Then a result cannot be
     written into it element by element."""
@@ -87,9 +117,10 @@ def overlaps_itself(t: torch.Tensor) -> bool:
 
 
 class ContiguousHandoff:
-    """Wraps a device hand-off whose host tensors may need a copy (``needs_copy``, or an input
-    that ``clashing_inputs`` names): ``acquire`` hands the algorithms plain contiguous copies,
-    ``release`` writes the results back into the originals."""
+    """Wraps a device hand-off whose host tensors may need a copy (``needs_copy``, or a tensor
+    that ``clashing_inputs`` or ``clashing_outputs`` names): ``acquire`` hands the algorithms
+    plain contiguous copies, ``release`` writes the results back into the originals, in
+    order."""
 
     __slots__ = ("inner", "reads", "writes", "placements", "_hosts", "_copies")
 
@@ -107,6 +138,7 @@ class ContiguousHandoff:
         # unified one's are the caller's tensors.
         self._hosts = hosts = self.inner.acquire()
         clash = set(clashing_inputs(hosts, self.reads, self.writes, self.placements))
+        clash.update(clashing_outputs(hosts, self.writes))
         self._copies = [
             h if not (needs_copy(h) or i in clash) else plain_copy(h) if r
             else torch.empty(h.shape, dtype=h.dtype)
