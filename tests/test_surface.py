@@ -188,6 +188,12 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         dist.all_gather(o, torch.full((2, 2), float(rank)))
         c.eq("all_gather", torch.stack(o),
              torch.arange(float(world)).view(-1, 1, 1).expand(-1, 2, 2))
+        # a gather's future holds the root's list itself, as gloo's does (not nested)
+        o = [torch.empty(2) for _ in range(world)] if rank == 1 else None
+        got = dist.gather(torch.full((2,), float(rank)), o, dst=1,
+                          async_op=True).get_future().wait()
+        c.eq("gather future value", [t.tolist() for t in got],
+             [[float(r)] * 2 for r in range(world)] if rank == 1 else [])
         o = torch.empty(world * 2)
         dist.all_gather_into_tensor(o, torch.full((2,), float(rank)))
         c.eq("all_gather_into_tensor cat", o, torch.arange(float(world)).repeat_interleave(2))
@@ -346,6 +352,43 @@ def _p2p(c: Checker, rank: int, world: int) -> None:
             c.eq("irecv() from every rank", got, set(range(1, world)))
         else:
             dist.send(torch.tensor([float(rank)]), 0, tag=5)
+        dist.barrier()
+        # Arrival order, not rank order: the last rank's message is read (and kept) by rank 0
+        # before the others send theirs, so the first receive from any rank takes it.
+        last, many = world - 1, 3
+        if rank == 0:
+            dist.recv(torch.empty(1), last, tag=99)  # read behind the last rank's message
+            for r in range(1, last):
+                dist.send(torch.empty(1), r, tag=98)  # go
+                dist.recv(torch.empty(1), r, tag=97)  # read behind r's messages
+            order = []
+            for _ in range(1 + many * (last - 1)):
+                t = torch.empty(1)
+                order.append(dist.recv(t, tag=6))
+                c.eq("any-source message from its sender", int(t.item()), order[-1])
+            c.eq("any-source receives follow arrival", order[0], last)
+        elif rank == last:
+            dist.send(torch.tensor([float(rank)]), 0, tag=6)
+            dist.send(torch.empty(1), 0, tag=99)
+        else:
+            dist.recv(torch.empty(1), 0, tag=98)
+            for _ in range(many):
+                dist.send(torch.tensor([float(rank)]), 0, tag=6)
+            dist.send(torch.empty(1), 0, tag=97)
+        dist.barrier()
+        # Messages that wait unread in several sockets are taken a peer at a time: the last
+        # rank's one message does not wait behind every message rank 1 sent before it.
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 0:
+            store.wait(["sent/1", f"sent/{last}"])
+            order = [dist.recv(torch.empty(1), tag=4) for _ in range(100 + 1)]
+            c.eq("a peer's message among another's many", order.index(last) <= 1, True)
+        elif rank in (1, last):
+            if rank == last:
+                store.wait(["sent/1"])
+            for _ in range(100 if rank == 1 else 1):
+                dist.send(torch.tensor([float(rank)]), 0, tag=4)
+            store.set(f"sent/{rank}", "1")
         dist.barrier()
 
     def batch() -> None:
