@@ -223,19 +223,24 @@ class Work(dist.Work):
 
     # ---- torch.distributed.Work API ----
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        if not self._finished:
-            secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                    else float(timeout or 0))
-            if not self._latch.acquire(timeout=secs if secs > 0 else -1):
-                raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
-                                      op=self.op)
-            self._latch.release()
+        self._await_latch(timeout)
         self._await_future()
         if self._error is not None:
             raise self._error
         if self._gate is not None:
             self._gate()
         return True
+
+    def _await_latch(self, timeout: timedelta | float | None) -> None:
+        """Block until the op has finished, at most ``timeout`` (0 or None: no limit)."""
+        if self._finished:
+            return
+        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
+                else float(timeout or 0))
+        if not self._latch.acquire(timeout=secs if secs > 0 else -1):
+            raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
+                                  op=self.op)
+        self._latch.release()
 
     def _await_future(self) -> None:
         """A Future asked for before the op finished is completed on another thread (see
@@ -282,7 +287,9 @@ class Work(dist.Work):
 
     def source_rank(self) -> int:
         if self._src_rank < 0:
-            raise ValueError("source_rank() is only defined for recv from any source")
+            # RuntimeError, as torch's own Work classes raise
+            raise RuntimeError(f"mccl {self.op}: source_rank() is defined only for a "
+                               "receive, once it has its message")
         return self._src_rank
 
     def _source_rank(self) -> int:
@@ -318,9 +325,12 @@ class GroupWork(Work):
                 self.complete()
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        # One timeout for the whole group (it completes once every member has), then each
+        # member's own wait, which no longer blocks, for its error, future and stream gate.
+        self._await_latch(timeout)
         for w in self._members:
-            w.wait(timeout)
-        return super().wait(timeout)
+            w.wait()
+        return super().wait()
 
 
 def completed_work(op: str, result: list[torch.Tensor] | None = None) -> Work:

@@ -956,3 +956,21 @@ def test_a_send_to_a_peer_whose_end_was_dropped_says_so() -> None:
     msg = str(p.send_failure())
     assert "sending to rank 1 failed" in msg and "process exited or was killed?" in msg, msg
     mine.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_coalesced_wait_has_one_timeout_for_the_whole_group() -> None:
+    """``wait(timeout)`` on a coalesced group's Work bounds the whole wait (it gave each
+    member the full timeout: 150 members of 0.2 s each would wait 30 s)."""
+    from datetime import timedelta
+
+    from mccl.errors import CollectiveError
+    from mccl.work import GroupWork, Work
+
+    done = Work("all_reduce")
+    done.complete()
+    group = GroupWork("coalesced", [done] + [Work("all_reduce") for _ in range(150)])
+    with pytest.raises(CollectiveError, match="coalesced: wait\\(\\) timed out after 0.2s"):
+        group.wait(timedelta(seconds=0.2))
+    finished = GroupWork("coalesced", [done, done])
+    assert finished.wait(timedelta(seconds=0.2)) is True
