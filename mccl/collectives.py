@@ -6,6 +6,7 @@ Each function takes the op's Channel and host (CPU) tensors and picks the algori
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -42,17 +43,45 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().view(-1)
 
 
+class _Memory:
+    """A contiguous CPU tensor's memory as numpy takes it (``__array_interface__``), kept
+    alive by the array made from it. Why not ``Tensor.numpy()``: it marks the tensor's storage
+    as not resizable, for good, and FSDP (which frees a flat parameter's storage by resizing
+    it to 0) and batched PowerSGD (which resizes its bucket) then fail on their next step."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor, typestr: str, n: int):
+        self.tensor = t
+        self.__array_interface__ = {"version": 3, "shape": (n,), "typestr": typestr,
+                                    "data": (t.data_ptr(), False)}
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype  # TypeError for dtypes numpy lacks
+
+
+_BYTE = np.dtype(np.uint8)
+
+
+def _numpy_view(t: torch.Tensor, dtype: np.dtype, n: int) -> np.ndarray:
+    """``n`` elements of ``dtype`` from the start of contiguous ``t``, without a copy."""
+    if not t.is_contiguous():
+        _flat(t)  # raises
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    return np.asarray(_Memory(t, dtype.str, n))
+
+
 def as_bytes(t: torch.Tensor) -> np.ndarray:
     """Flat uint8 numpy view of a contiguous CPU tensor (any dtype, zero-copy)."""
-    flat = _flat(t)
-    if flat.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    return flat.view(torch.uint8).numpy()
+    return _numpy_view(t, _BYTE, t.numel() * t.element_size())
 
 
 def as_array(t: torch.Tensor) -> np.ndarray:
     """Flat typed numpy view of a contiguous CPU tensor of a numpy dtype (zero-copy)."""
-    return _flat(t).numpy()
+    return _numpy_view(t, _numpy_dtype(t.dtype), t.numel())
 
 
 class _Reducible:
@@ -71,7 +100,7 @@ class _Reducible:
             self.work = t.reshape(-1).clone()
         else:
             self.work = _flat(t)
-        self.arr = self.work.numpy().reshape(-1)  # numpy's reshape is the cheaper view
+        self.arr = as_array(self.work)
 
     def commit(self, into: torch.Tensor | None = None) -> None:
         dst = self.t if into is None else into
@@ -120,7 +149,7 @@ class AllReduce:
         fin = finisher(self.op, ch.size)
         if self._staged is not None:
             work, ready, final = self._staged
-            ring.all_reduce(ch, work.numpy(), reducer(self.op, work.dtype), fin, self.scratch,
+            ring.all_reduce(ch, as_array(work), reducer(self.op, work.dtype), fin, self.scratch,
                             ready=ready, final=final, started=True)
             return
         if self.io is not None:
@@ -163,7 +192,7 @@ class AllReduce:
                 io.copy_back(p)
 
         self._staged = (work, ready, final)
-        ring.all_reduce_start(ch, work.numpy(), ready=ready)
+        ring.all_reduce_start(ch, as_array(work), ready=ready)
 
 
 def all_reduce(ch: Channel, t: torch.Tensor, op: Op, scratch: Scratch) -> None:
@@ -299,7 +328,7 @@ def reduce(ch: Channel, t: torch.Tensor, op: Op, root: int, scratch: Scratch) ->
 def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
     """A flat numpy array of ``t`` in the dtype reductions run in: a view, or the float32 copy
     of a half type (``up``)."""
-    return t.reshape(-1).to(up).numpy() if up is not None else as_array(t)
+    return as_array(t.reshape(-1).to(up) if up is not None else t)
 
 
 def _grid_columns(ch: Channel, flat: np.ndarray) -> int | None:
@@ -348,9 +377,9 @@ class ReduceScatter:
         fn, fin = reducer(self.op, work.dtype), finisher(self.op, ch.size)
         if self._grid is not None:
             arr, cols = self._grid
-            grid.reduce_scatter(ch, arr, work.numpy(), fn, fin, self.scratch, cols, started=True)
+            grid.reduce_scatter(ch, arr, as_array(work), fn, fin, self.scratch, cols, started=True)
         else:
-            ring.reduce_scatter(ch, src, work.numpy(), fn, fin, self.scratch, started=True)
+            ring.reduce_scatter(ch, src, as_array(work), fn, fin, self.scratch, started=True)
         if up is not None:
             out.reshape(-1).copy_(work)
 

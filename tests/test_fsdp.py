@@ -90,3 +90,42 @@ def test_fsdp2_matches_gloo() -> None:
                                    rtol=1e-5, atol=1e-6)
         assert r["param_diff"] < 1e-5
     assert results[0]["mccl"][-1] < results[0]["mccl"][0], "the model did not train"
+
+
+def _fsdp1_parity(rank: int, world: int) -> dict:
+    """FSDP1 frees each flat parameter's gathered storage by resizing it to 0 after use, so
+    an op must leave the storage of the tensors it touched resizable (``Tensor.numpy()``
+    made it not resizable for good: the first forward failed)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    gloo = dist.new_group(backend="gloo")
+    out = {}
+    for name, group in (("mccl", None), ("gloo", gloo)):
+        for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
+            torch.manual_seed(0)
+            model = FullyShardedDataParallel(TinyLM(), process_group=group,
+                                             sharding_strategy=strategy,
+                                             device_id=torch.device("cpu"))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            idx = torch.randint(0, VOCAB, (2, 8),
+                                generator=torch.Generator().manual_seed(100 + rank))
+            losses = []
+            for _ in range(STEPS):
+                loss = nn.functional.cross_entropy(model(idx).flatten(0, 1),
+                                                   idx.roll(1, 1).flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            out[f"{name} {strategy.name}"] = losses
+    return out
+
+
+def test_fsdp1_matches_gloo() -> None:
+    results = run_ranks(_fsdp1_parity, 2, timeout=150)
+    for r in results:
+        for key, losses in r.items():
+            if key.startswith("mccl"):
+                torch.testing.assert_close(torch.tensor(losses),
+                                           torch.tensor(r["gloo" + key[4:]]),
+                                           rtol=1e-5, atol=1e-6, msg=key)
