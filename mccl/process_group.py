@@ -41,6 +41,7 @@ from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
 from .transport.rendezvous import (
+    BoundedStore,
     agree_members,
     choose_address,
     connect_mesh,
@@ -159,6 +160,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._label = group_name or "default"
         self._group_name = group_name or ""
         timeout_s = _seconds(timeout)
+        store = BoundedStore(store, timeout_s)
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
             cfg = config.load()
             config.apply_log_level(cfg.log_level)

@@ -803,3 +803,53 @@ def test_rooted_ops_on_expanded_views_keep_the_group_in_step() -> None:
                                           pg_timeout_s=30)):
         for name, err, ok in rows:
             assert ok, f"rank {rank}, {name}: {err or 'no error'}"
+
+
+def _quiet_store_rank(rank: int, world: int, port: int, answered: int) -> tuple[str, str]:
+    """Rank 1's store stops answering after ``answered`` calls, as when its link to the
+    store's host goes down while the group forms (torch's TCPStore client then waits for a
+    reply for as long as TCP retransmits, about 15 minutes)."""
+    import torch.distributed as dist
+
+    base = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
+
+    class Quiet(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def _call(self, name: str, *args):
+            self.calls += 1
+            if self.calls > answered:
+                time.sleep(3600)
+            return getattr(base, name)(*args)
+
+        def set(self, key, value):
+            return self._call("set", key, value)
+
+        def get(self, key):
+            return self._call("get", key)
+
+        def add(self, key, amount):
+            return self._call("add", key, amount)
+
+        def check(self, keys):
+            return self._call("check", keys)
+
+        def multi_get(self, keys):
+            return self._call("multi_get", keys)
+
+    try:
+        dist.init_process_group("mccl", store=base if rank == 0 else Quiet(), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=3))
+    except Exception as e:  # noqa: BLE001 - the error is what the test checks
+        return type(e).__name__, str(e)
+    dist.destroy_process_group()
+    return "formed", ""
+
+
+@pytest.mark.parametrize("answered", [0, 2])
+def test_a_rank_whose_store_stops_answering_fails_within_the_timeout(answered: int) -> None:
+    out = run_ranks(_quiet_store_rank, 2, free_port(), answered, init=False, timeout=60)
+    assert out[0][0] != "formed" and out[1][0] != "formed", out
+    assert "gave no answer to" in out[1][1], out

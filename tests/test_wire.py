@@ -974,3 +974,34 @@ def test_a_coalesced_wait_has_one_timeout_for_the_whole_group() -> None:
         group.wait(timedelta(seconds=0.2))
     finished = GroupWork("coalesced", [done, done])
     assert finished.wait(timedelta(seconds=0.2)) is True
+
+
+def test_a_bounded_store_call_gives_up_and_later_calls_fail_at_once() -> None:
+    import threading
+
+    from mccl.transport.rendezvous import BoundedStore
+
+    release = threading.Event()
+
+    class Store:
+        host = "store-host"
+
+        def check(self, keys):
+            return keys == ["k"]
+
+        def get(self, key):
+            raise KeyError(key)
+
+        def add(self, key, amount):
+            release.wait(30)
+            return amount
+
+    s = BoundedStore(Store(), 0.1)
+    assert s.host == "store-host" and s.check(["k"]) is True
+    with pytest.raises(KeyError):  # the store's own errors pass through
+        s.get("x")
+    with pytest.raises(TimeoutError, match="gave no answer to add"):
+        s.add("n", 1)
+    with pytest.raises(TimeoutError, match="an earlier add"):  # queued behind it anyway
+        s.check(["k"])
+    release.set()

@@ -15,6 +15,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import queue
 import secrets
 import selectors
 import socket
@@ -56,6 +57,11 @@ WAIT_POLL_MAX_S = 0.05
 #: A rank that gives up keeps the store (which one of them hosts) up until every rank of the
 #: group has seen that and given up too, or this long: the others then read why.
 GAVE_UP_LINGER_S = 2.0
+#: A store call (``BoundedStore``) gets the group timeout and this much more: a ``get`` that
+#: the store itself bounds by the group timeout ends by its own limit first.
+STORE_GRACE_S = 1.0
+#: The thread that runs a store's calls ends once it had none for this long.
+STORE_IDLE_S = 1.0
 #: Port a route lookup "connects" its UDP socket to (nothing is sent).
 DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
@@ -102,6 +108,72 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
+
+
+class BoundedStore:
+    """A c10d store whose calls give up after ``limit_s``: torch's TCPStore client waits for
+    some replies (``add``, ``set``) with no limit of its own, so a rank whose link to the
+    store's host went down while its group formed sat in one of them for as long as TCP kept
+    retransmitting (about 15 minutes on Linux), long after the group timeout. The calls run
+    on a daemon thread; one that does not return in time is left there (the process is about
+    to fail: its group cannot form) and this raises ``TimeoutError``, as does every later call
+    at once (the client answers one call at a time: they would queue behind it). Other
+    attributes pass through."""
+
+    _CALLS = frozenset({"set", "get", "add", "check", "wait", "multi_get", "multi_set",
+                        "compare_set", "delete_key", "num_keys"})
+
+    def __init__(self, store: Store, limit_s: float):
+        self.store, self.limit_s = store, limit_s
+        self.stuck: str | None = None  # the call that did not return, once one did not
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._serving = False  # a thread runs the calls (until idle for STORE_IDLE_S)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.store, name)
+        if name not in self._CALLS:
+            return attr
+        return lambda *args, **kwargs: self._call(name, attr, args, kwargs)
+
+    def _call(self, name: str, fn: Callable, args: tuple, kwargs: dict):
+        if self.stuck is not None:
+            raise TimeoutError(f"the rendezvous store gave no answer to an earlier "
+                               f"{self.stuck}() within {self.limit_s:g}s (the group's timeout)")
+        box: list = []
+        done = threading.Event()
+        with self._lock:
+            self._jobs.put((fn, args, kwargs, box, done))
+            if not self._serving:
+                self._serving = True
+                threading.Thread(target=self._serve, name="mccl-store", daemon=True).start()
+        if not done.wait(self.limit_s + STORE_GRACE_S):
+            self.stuck = name
+            raise TimeoutError(f"the rendezvous store gave no answer to {name}() within "
+                               f"{self.limit_s:g}s (the group's timeout): is the host it runs "
+                               "on still reachable from here?")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _serve(self) -> None:
+        """Run the queued calls in turn; end once idle (a thread per call cost set-up more)."""
+        while True:
+            try:
+                fn, args, kwargs, box, done = self._jobs.get(timeout=STORE_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._serving = False
+                        return
+                continue
+            try:
+                box.append((True, fn(*args, **kwargs)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box.append((False, e))
+            finally:
+                done.set()
 
 
 class PeerGoneError(ConnectionError):
