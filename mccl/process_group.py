@@ -800,11 +800,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         engine = self._engine
 
         def failed(message: str) -> None:
-            """Fail the send; where this rank's own shutdown or abort cut it, say so, not what
-            the broken socket seems to say of the peer."""
-            here = engine.closed_here()
+            """Fail the send; where this rank's own shutdown or abort cut it, or the group's
+            failure (which closes the connections), say so, not what the broken socket seems
+            to say of the peer."""
+            here, broke = engine.closed_here(), engine.error
             if here is not None:
                 work.fail(CollectiveError(f"mccl send to rank {dst}: {here}", op="send"))
+            elif broke is not None:
+                work.fail(CollectiveError(f"mccl send to rank {dst} failed: the group failed "
+                                          f"first: {broke}", op="send", peer=broke.peer))
             else:
                 work.fail(CollectiveError(message, op="send", peer=dst))
 

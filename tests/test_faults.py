@@ -853,3 +853,35 @@ def test_a_rank_whose_store_stops_answering_fails_within_the_timeout(answered: i
     out = run_ranks(_quiet_store_rank, 2, free_port(), answered, init=False, timeout=60)
     assert out[0][0] != "formed" and out[1][0] != "formed", out
     assert "gave no answer to" in out[1][1], out
+
+
+def _send_cut_by_the_groups_failure(rank: int, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=3))
+    try:
+        if rank == 1:  # alive, but never receives nor sends: rank 0's large send blocks
+            time.sleep(8)
+            return "idle"
+        w = dist.isend(torch.ones(4_000_000), dst=1, group=g)
+        try:  # times out: the group fails, and its connections close under the send
+            dist.recv(torch.empty(1), src=1, group=g)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            w.wait()
+            return "NO ERROR"
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+    finally:
+        dist.barrier()
+
+
+def test_a_send_cut_by_the_groups_own_failure_says_so() -> None:
+    """A send blocked on a live peer that does not read, when the group fails for another
+    reason (here a receive that timed out): the error gives that reason, not a reset
+    connection that suggests the peer died."""
+    res = run_ranks(_send_cut_by_the_groups_failure, 2, timeout=120, pg_timeout_s=60)
+    assert "the group failed first" in res[0] and "no message" in res[0], res[0]
+    assert "reset" not in res[0] and "killed" not in res[0], res[0]
