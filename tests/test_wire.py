@@ -1005,3 +1005,23 @@ def test_a_bounded_store_call_gives_up_and_later_calls_fail_at_once() -> None:
     with pytest.raises(TimeoutError, match="an earlier add"):  # queued behind it anyway
         s.check(["k"])
     release.set()
+
+
+def test_a_timeout_says_when_no_other_peer_was_heard_either() -> None:
+    """A rank whose own link went down hears nobody: its timeout says so (the peers stalled
+    in the op tell every rank what they wait for, so a rank with a working link hears
+    them), while the peer it waited for stays the one named."""
+    mesh, far = make_mesh(size=3, timeout_s=0.3, probe_s=0.05)
+    try:
+        with pytest.raises(PeerError, match="nothing came from any other rank either") as e:
+            mesh.recv_data(1, 1, SIG, bytearray(8), b"")
+        assert e.value.peer == 1 and "no data from rank 1" in str(e.value)
+        stalled = time.monotonic()
+        mesh.peer(2).heard_at = stalled + 3600  # rank 2 was heard during the stall
+        with pytest.raises(PeerError, match="no data from rank 1") as e:
+            mesh.recv_data(1, 2, SIG, bytearray(8), b"")
+        assert "any other rank" not in str(e.value)
+    finally:
+        mesh.close()
+        for s in far.values():
+            s.close()

@@ -376,6 +376,7 @@ class Mesh:
             hdr = unpack_header(p._hdr)
         except FrameError as e:
             raise PeerError(p.rank, f"malformed frame from rank {p.rank}: {e}") from e
+        p.heard_at = time.monotonic()
         if hdr.kind > P2P:
             self._control(p, hdr)
         return hdr
@@ -709,7 +710,8 @@ class Mesh:
         waited = now - stall[0]
         if waited >= self.timeout_s and not self._excused(p, waited):
             raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
-                                    f"(group timeout){self._waits_on_us(p)}")
+                                    f"(group timeout){self._waits_on_us(p)}"
+                                    f"{self._alone_since(p, stall[0])}")
         if not self._polling:
             self._probe(p.rank)
             self._poll(p)
@@ -730,6 +732,17 @@ class Mesh:
                 "waits for the other (a group runs its collectives one at a time in the order "
                 "each rank issued them, and a blocking receive keeps its caller from issuing "
                 "what follows it; did the two ranks issue their ops in different orders?)")
+
+    def _alone_since(self, p: Peer, since: float) -> str:
+        """Where no other peer sent a frame either since ``since``: a hint that this rank may
+        be the one cut off. Ranks stalled in a collective tell every peer so (STATE frames),
+        so a rank that hears from none of them may have lost its own link; but peers with
+        nothing to send (done with the op) are silent too, so the peer stays the one named."""
+        others = [q for q in self._live() if q is not p]
+        if not others or any(q.heard_at >= since for q in others):
+            return ""
+        return ("; nothing came from any other rank either since then (if they wait too, this "
+                "rank's own link may be the one down)")
 
     def _excused(self, p: Peer, waited: float) -> bool:
         """The awaited peer said it is itself blocked on a third rank, in this op or in the

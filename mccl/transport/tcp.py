@@ -213,6 +213,7 @@ class Peer:
         #: Why a read found the connection gone without a BYE (the peer's process exited or
         #: was killed), once one did (``gone``).
         self.lost: str | None = None
+        self.heard_at = 0.0  # when a frame from this peer was last read (time.monotonic)
         #: Last STATE probe: (seq, signature, rank it waits for).
         self.state: tuple[int, Signature, int] | None = None
         #: This rank sent the peer a frame after its last STATE (the wait it reported on this
