@@ -741,8 +741,8 @@ class Mesh:
         others = [q for q in self._live() if q is not p]
         if not others or any(q.heard_at >= since for q in others):
             return ""
-        return ("; nothing came from any other rank either since then (if they wait too, this "
-                "rank's own link may be the one down)")
+        return (f"; nothing came from any other rank either since then (if they wait too, "
+                f"the link of rank {self.rank} itself may be the one down)")
 
     def _excused(self, p: Peer, waited: float) -> bool:
         """The awaited peer said it is itself blocked on a third rank, in this op or in the
