@@ -729,6 +729,15 @@ def test_a_message_received_into_another_dtype_is_refused() -> None:
         assert sender.startswith("CollectiveError"), sender  # its barrier: told by rank 1
 
 
+def _outcome(call) -> str:
+    """"NO ERROR", or the error ``call`` raised with its type and blamed peer."""
+    try:
+        call()
+        return "NO ERROR"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+
+
 def _abort_while_sending(rank: int, world: int) -> str:
     import torch
     import torch.distributed as dist
@@ -739,11 +748,7 @@ def _abort_while_sending(rank: int, world: int) -> str:
             time.sleep(4)
             return "idle"
         threading.Timer(1.0, g.abort).start()
-        try:
-            dist.send(torch.ones(4_000_000), dst=1, group=g)
-            return "NO ERROR"
-        except Exception as e:  # noqa: BLE001
-            return f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+        return _outcome(lambda: dist.send(torch.ones(4_000_000), dst=1, group=g))
     finally:
         dist.barrier()
 
@@ -869,11 +874,7 @@ def _send_cut_by_the_groups_failure(rank: int, world: int) -> str:
             dist.recv(torch.empty(1), src=1, group=g)
         except Exception:  # noqa: BLE001
             pass
-        try:
-            w.wait()
-            return "NO ERROR"
-        except Exception as e:  # noqa: BLE001
-            return f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+        return _outcome(w.wait)
     finally:
         dist.barrier()
 
