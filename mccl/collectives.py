@@ -34,12 +34,17 @@ class SegmentIO(Protocol):
     def copy_back(self, i: int) -> None: ...
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """The 1-D view of a contiguous tensor; a strided one has no such view (``reshape`` would
-    silently copy it, and a result written there would be lost)."""
+def _require_contiguous(t: torch.Tensor) -> None:
+    """A strided tensor has no flat view (``reshape`` would silently copy it, and a result
+    written there would be lost); the hand-off makes contiguous copies before this point."""
     if not t.is_contiguous():
         raise RuntimeError(f"mccl internal error: a strided tensor of shape {tuple(t.shape)} "
                            "reached the exchange (the hand-off makes contiguous copies)")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view of a contiguous tensor."""
+    _require_contiguous(t)
     return t.detach().view(-1)
 
 
@@ -67,8 +72,7 @@ _BYTE = np.dtype(np.uint8)
 
 def _numpy_view(t: torch.Tensor, dtype: np.dtype, n: int) -> np.ndarray:
     """``n`` elements of ``dtype`` from the start of contiguous ``t``, without a copy."""
-    if not t.is_contiguous():
-        _flat(t)  # raises
+    _require_contiguous(t)
     if n == 0:
         return np.empty(0, dtype=dtype)
     return np.asarray(_Memory(t, dtype.str, n))
