@@ -304,3 +304,95 @@ def test_ddp_on_cuda_matches_gloo(uneven: bool) -> None:
         assert abs(a - b).max() <= 1e-5 * max(1.0, abs(b).max())
     for a, b in zip(mccl[0], mccl[1], strict=True):  # replicas stay identical
         assert (a == b).all()
+
+
+def _killed_with_cuda_ops_queued(rank: int, world: int) -> dict:
+    """Every rank queues all-reduces of CUDA tensors (whole and ranged copies) behind a long
+    producer kernel; the last rank dies before they run. The survivors' Works and Futures
+    must all fail naming it, and their streams must not be left waiting on the dead ops."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    dist.all_reduce(torch.ones(4, device=dev))  # the group has formed on every rank
+    bufs = [torch.zeros(n, device=dev) for n in (300_000, 6_000_000, 50_000, 6_000_000)]
+    torch.cuda._sleep(SLEEP_CYCLES)
+    for b in bufs:
+        b.fill_(rank + 1)
+    works = [dist.all_reduce(b, async_op=True) for b in bufs]
+    futures = [w.get_future() for w in works]
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    errors = []
+    for w in works:
+        try:
+            w.wait()
+            errors.append("no error")
+        except RuntimeError as e:
+            errors.append(str(e))
+    for f in futures:
+        try:
+            f.wait()
+            errors.append("no error")
+        except RuntimeError as e:
+            errors.append(str(e))
+    torch.cuda.synchronize()  # nothing left behind on the device by the failed ops
+    later = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device=dev))
+        errors.append("no error")
+    except RuntimeError as e:
+        errors.append(str(e))
+    later = time.monotonic() - later
+    dist.destroy_process_group()
+    return {"errors": errors, "later_s": later}
+
+
+def test_a_rank_killed_with_cuda_ops_queued_fails_every_survivors_op() -> None:
+    world = 3
+    results = run_ranks(_killed_with_cuda_ops_queued, world, timeout=120, pg_timeout_s=60,
+                        expect_missing=(world - 1,))
+    for rank, got in enumerate(results[:-1]):
+        assert len(got["errors"]) == 9, (rank, got)
+        for msg in got["errors"]:
+            assert msg != "no error" and f"rank {world - 1}" in msg, (rank, msg)
+        assert got["later_s"] < 30, (rank, got)  # a failed group refuses at once, not at timeout
+
+
+def _objects_and_barrier(rank: int, world: int) -> bool:
+    """What user code calls with a CUDA device current: the object collectives (torch moves
+    their byte tensors to the current device for some backends), barrier(device_ids=...),
+    and a subgroup's collectives on CUDA tensors."""
+    import torch.distributed as dist
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    dist.barrier(device_ids=[dev.index])
+    objs: list = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "payload": "x" * (rank * 1000)})
+    assert objs == [{"rank": r, "payload": "x" * (r * 1000)} for r in range(world)]
+    lst = [f"from {rank}", rank] if rank == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    assert lst == ["from 1", 1]
+    out = [None]
+    dist.scatter_object_list(out, [f"to {r}" for r in range(world)] if rank == 0 else None,
+                             src=0)
+    assert out == [f"to {rank}"]
+    sub = dist.new_group([world - 1, 0])
+    if rank in (0, world - 1):
+        t = torch.full((1000,), float(rank), device=dev)
+        dist.all_reduce(t, group=sub)
+        assert torch.equal(t, torch.full((1000,), float(world - 1), device=dev))
+        g = torch.empty(2000, device=dev)
+        dist.all_gather_into_tensor(g, torch.full((1000,), float(rank), device=dev), group=sub)
+        want = [0.0, float(world - 1)]  # new_group sorts the ranks
+        assert torch.equal(g, torch.tensor(want, device=dev).repeat_interleave(1000))
+    dist.barrier()
+    return True
+
+
+def test_object_collectives_barrier_and_subgroups_with_a_cuda_device_current() -> None:
+    assert all(run_ranks(_objects_and_barrier, 3, timeout=120))

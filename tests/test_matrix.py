@@ -94,11 +94,21 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def _matrix(rank: int, world: int) -> list[str]:
-    """All checks of one world size; returns the failures (empty when all pass)."""
+def _matrix(rank: int, world: int, device: str = "cpu") -> list[str]:
+    """All checks of one world size on tensors of ``device`` (a GPU per rank, or ranks sharing
+    one); returns the failures (empty when all pass)."""
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     bad: list[str] = []
 
+    def on(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device, copy=True)
+
+    def empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=device)
+
     def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        got = got.cpu()
         if not _same(got, want):
             diff = (got.double() - want.double()).abs() if got.numel() == want.numel() else None
             n_bad = int((diff != 0).sum()) if diff is not None else -1
@@ -113,24 +123,24 @@ def _matrix(rank: int, world: int) -> list[str]:
                 ref = reference(xs, op)
                 tag = f"{op} {dtype} n={n} world={world}"
                 # all_reduce
-                t = xs[rank].clone()
+                t = on(xs[rank])
                 dist.all_reduce(t, op=rop)
                 check(f"all_reduce {tag}", t, ref)
                 # reduce: the root gets the result, the others keep their input
                 root = n % world
-                t = xs[rank].clone()
+                t = on(xs[rank])
                 dist.reduce(t, dst=root, op=rop)
                 check(f"reduce(dst={root}) {tag}", t, ref if rank == root else xs[rank])
                 # reduce_scatter_tensor: chunk `rank` of the reduction of the concatenations
                 m = n // world if n >= 1000 else n
                 ys = [make_input(r, op, dtype, m * world) for r in range(world)]
                 yref = reference(ys, op)
-                out = torch.empty(m, dtype=dtype)
-                dist.reduce_scatter_tensor(out, ys[rank].clone(), op=rop)
+                out = empty(m, dtype=dtype)
+                dist.reduce_scatter_tensor(out, on(ys[rank]), op=rop)
                 check(f"reduce_scatter_tensor {tag} m={m}", out, yref[rank * m:(rank + 1) * m])
                 if n == 1001:  # the list form, uneven chunk lengths are not allowed: same m
-                    out = torch.empty(m, dtype=dtype)
-                    dist.reduce_scatter(out, list(ys[rank].clone().chunk(world)), op=rop)
+                    out = empty(m, dtype=dtype)
+                    dist.reduce_scatter(out, list(on(ys[rank]).chunk(world)), op=rop)
                     check(f"reduce_scatter {tag}", out, yref[rank * m:(rank + 1) * m])
 
         # data movement: bit-exact, every dtype and size
@@ -138,31 +148,31 @@ def _matrix(rank: int, world: int) -> list[str]:
             xs = [make_input(r, "SUM", dtype, n) for r in range(world)]
             tag = f"{dtype} n={n} world={world}"
             root = (n + 1) % world
-            t = xs[rank].clone()
+            t = on(xs[rank])
             dist.broadcast(t, src=root)
             check(f"broadcast(src={root}) {tag}", t, xs[root])
-            out = torch.empty(n * world, dtype=dtype)
-            dist.all_gather_into_tensor(out, xs[rank])
+            out = empty(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(out, on(xs[rank]))
             check(f"all_gather_into_tensor {tag}", out, torch.cat(xs))
-            outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
-            dist.all_gather(outs, xs[rank])
+            outs = [empty(n, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, on(xs[rank]))
             for r in range(world):
                 check(f"all_gather[{r}] {tag}", outs[r], xs[r])
             m = n // world if n >= 1000 else n
             src = [x[:m * world].reshape(world, m) if n >= 1000 else x.repeat(world, 1)
                    for x in xs]
-            out = torch.empty(world, m, dtype=dtype)
-            dist.all_to_all_single(out, src[rank].clone())
+            out = empty(world, m, dtype=dtype)
+            dist.all_to_all_single(out, on(src[rank]))
             check(f"all_to_all_single {tag}", out,
                   torch.stack([src[r][rank] for r in range(world)]))
             dst = world - 1
-            glist = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
-            dist.gather(xs[rank], glist, dst=dst)
+            glist = [empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
+            dist.gather(on(xs[rank]), glist, dst=dst)
             if rank == dst:
                 for r in range(world):
                     check(f"gather[{r}] {tag}", glist[r], xs[r])
-            out = torch.empty(n, dtype=dtype)
-            dist.scatter(out, [x.clone() for x in xs] if rank == 0 else None, src=0)
+            out = empty(n, dtype=dtype)
+            dist.scatter(out, [on(x) for x in xs] if rank == 0 else None, src=0)
             check(f"scatter {tag}", out, xs[rank])
 
     # Unsupported pairs raise before any byte moves, naming both; the group stays usable.
@@ -170,13 +180,14 @@ def _matrix(rank: int, world: int) -> list[str]:
         for op, rop in OPS.items():
             if supported(op, dtype):
                 continue
-            t = torch.ones(4, dtype=dtype)
+            t = torch.ones(4, dtype=dtype, device=device)
             calls = {
                 "all_reduce": (dist.all_reduce, (t,), {"op": rop}),
                 "reduce": (dist.reduce, (t,), {"dst": 0, "op": rop}),
-                "reduce_scatter_tensor": (dist.reduce_scatter_tensor,
-                                          (torch.empty(1, dtype=dtype),
-                                           torch.ones(world, dtype=dtype)), {"op": rop}),
+                "reduce_scatter_tensor": (
+                    dist.reduce_scatter_tensor,
+                    (empty(1, dtype=dtype), torch.ones(world, dtype=dtype, device=device)),
+                    {"op": rop}),
             }
             for name, (fn, args, kwargs) in calls.items():
                 try:
@@ -186,17 +197,27 @@ def _matrix(rank: int, world: int) -> list[str]:
                     msg = str(e)
                     if op not in msg or str(dtype) not in msg:
                         bad.append(f"{name} {op} {dtype}: message does not name both: {msg}")
-    t = torch.full((3,), float(rank + 1))
+    t = torch.full((3,), float(rank + 1), device=device)
     dist.all_reduce(t)
     check("all_reduce after the rejected ops", t, torch.full((3,), float(world * (world + 1) // 2)))
     return bad
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_matrix(world: int) -> None:
-    results = run_ranks(_matrix, world, timeout=150)
+def _assert_no_failures(results: list[list[str]]) -> None:
     failures = [f for r in results for f in r]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_matrix(world: int) -> None:
+    _assert_no_failures(run_ranks(_matrix, world, timeout=150))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_matrix_on_cuda_tensors(world: int) -> None:
+    """The same matrix on CUDA tensors (the CUDA adapter's staging, every dtype and op)."""
+    _assert_no_failures(run_ranks(_matrix, world, "cuda", timeout=300))
 
 
 def test_reference_is_round_once() -> None:

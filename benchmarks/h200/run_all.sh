@@ -4,7 +4,8 @@
 #   bash benchmarks/h200/run_all.sh [STAGE ...]     # default: every stage, in this order
 #
 #   env       what the machine is (GPU, torch, cores, NCCL/NVLS variables kept as set)
-#   tests     CUDA hand-off tests, then the CPU hand-off tests (staging, MPS fakes) on this torch
+#   tests     CUDA hand-off tests and the op x dtype matrix on CUDA tensors, then the CPU
+#             hand-off tests (staging, MPS fakes) on this torch
 #   ddp       DDP on CUDA tensors, 4 ranks sharing the GPU: mccl vs gloo throughput + parameters
 #   overlap   bucketed synthetic step on CUDA (454 MB ViT grads), hidden % for mccl/staging/gloo
 #   overlap1g the same on 4 emulated 1 Gbit hosts, gradients scaled to 45 MB (CUDA, then CPU)
@@ -89,7 +90,8 @@ stage_env() {
 }
 
 stage_tests() {
-    run tests_cuda 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py
+    run tests_cuda 300 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_device_cuda.py \
+        tests/test_matrix.py::test_matrix_on_cuda_tensors
     run tests_cpu_handoff 150 "$PY" -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device_staging.py tests/test_device_mps.py tests/test_early_start.py
 }
