@@ -335,12 +335,23 @@ def _readable(t: torch.Tensor, up: torch.dtype | None) -> np.ndarray:
     return as_array(t.reshape(-1).to(up) if up is not None else t)
 
 
-def _grid_columns(ch: Channel, flat: np.ndarray) -> int | None:
-    """The row length of the grid a flat all-gather or reduce-scatter of ``flat`` (every
+def _grid_columns(ch: Channel, n: int, itemsize: int) -> int | None:
+    """The row length of the grid a flat all-gather or reduce-scatter of ``n`` items (every
     rank's part, in rank order) runs on, or None for the ring: its long phase runs along the
     column over the ``grid.columns`` ranks an all-reduce of this size would put in a row."""
-    long = grid.columns(flat.shape[0], ch.size, flat.itemsize, ch.chunk_cap)
+    long = grid.columns(n, ch.size, itemsize, ch.chunk_cap)
     return ch.size // long if long else None
+
+
+def _list_grid_columns(ch: Channel, parts: list[np.ndarray]) -> int | None:
+    """``_grid_columns`` for the list forms, whose parts (one per rank) are separate arrays:
+    they must run the algorithm the flat form of the same op picks, since ranks may mix the
+    two forms (the signatures agree, and so must the peers each rank talks to). Parts of
+    unequal sizes have no flat counterpart: the ring."""
+    n = parts[0].shape[0]
+    if any(p.shape[0] != n for p in parts):
+        return None
+    return _grid_columns(ch, n * len(parts), parts[0].itemsize)
 
 
 class ReduceScatter:
@@ -362,14 +373,18 @@ class ReduceScatter:
         up = UPCAST.get(out.dtype)
         if self.flat:
             arr = _readable(hosts[1], up)
-            cols = _grid_columns(ch, arr)
-            if cols:
-                self._parts, self._grid = (out, []), (arr, cols)
-                grid.reduce_scatter_start(ch, arr, cols)
-                return
-            src = _segments(arr, ch.size)
+            cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
+            cols = _list_grid_columns(ch, src)
+            if cols:
+                arr = np.concatenate(src)  # the flat form's layout
+        if cols:
+            self._parts, self._grid = (out, []), (arr, cols)
+            grid.reduce_scatter_start(ch, arr, cols)
+            return
+        if self.flat:
+            src = _segments(arr, ch.size)
         self._parts = (out, src)
         ring.reduce_scatter_start(ch, src)
 
@@ -397,16 +412,22 @@ class AllGather:
         self.flat = flat
         self._parts: tuple[list[np.ndarray], np.ndarray] | None = None
         self._grid: tuple[np.ndarray, int] | None = None  # (flat output, row length)
+        self._outs: list[np.ndarray] = []  # the list form's outputs, when a grid fills a copy
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         if self.flat:
             out = as_bytes(hosts[0])
             segs = _segments(out, ch.size)
-            cols = _grid_columns(ch, out)
-            if cols:
-                self._grid = (out, cols)
+            cols = _grid_columns(ch, out.shape[0], 1)
         else:
             segs = [as_bytes(o) for o in hosts[:-1]]
+            cols = _list_grid_columns(ch, segs)
+            if cols:  # the flat form's layout, copied out to the list at the end
+                self._outs = segs
+                out = np.empty(sum(s.shape[0] for s in segs), dtype=np.uint8)
+                segs = _segments(out, ch.size)
+        if cols:
+            self._grid = (out, cols)
         self._parts = (segs, as_bytes(hosts[-1]))
         if self._grid is not None:
             grid.all_gather_start(ch, *self._parts, self._grid[1])
@@ -418,6 +439,8 @@ class AllGather:
         if self._grid is not None:
             out, cols = self._grid
             grid.all_gather(ch, out, *self._parts, cols, started=True)
+            for dst, src in zip(self._outs, self._parts[0], strict=False):
+                dst[:] = src
         else:
             ring.all_gather(ch, *self._parts, started=True)
 

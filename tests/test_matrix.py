@@ -348,3 +348,55 @@ def test_a_rank_killed_during_grid_all_reduces_fails_every_survivor() -> None:
             continue
         i, msg = got
         assert i in (29, 30) and f"rank {KILLED}" in msg, (rank, i, msg)
+
+
+def _mixed_forms(rank: int, world: int) -> tuple[list[str], int]:
+    """1 MiB all-gathers and reduce-scatters (grids on 8 ranks) where some ranks call the
+    list form and the others the flat one: the two forms agree on the wire (as on gloo), so
+    they must pick the same algorithm. Returns the failures and the grid runs."""
+    from mccl.algorithms import grid
+
+    runs = 0
+    plain = {name: getattr(grid, name) for name in ("all_gather", "reduce_scatter")}
+
+    def counted(name: str):
+        def run(*args, **kwargs):
+            nonlocal runs
+            runs += 1
+            plain[name](*args, **kwargs)
+        return run
+
+    for name in plain:
+        setattr(grid, name, counted(name))
+    bad: list[str] = []
+    m = (1 << 20) // 4 // world
+    for listed in ({0}, {3}, set(range(world))):
+        mine = torch.arange(m, dtype=torch.float32) + 1000 * rank
+        if rank in listed:
+            outs = [torch.empty(m) for _ in range(world)]
+            dist.all_gather(outs, mine)
+            got = torch.cat(outs)
+        else:
+            got = torch.empty(m * world)
+            dist.all_gather_into_tensor(got, mine)
+        want = torch.cat([torch.arange(m, dtype=torch.float32) + 1000 * r for r in range(world)])
+        if not torch.equal(got, want):
+            bad.append(f"rank {rank}: all_gather, list form on {sorted(listed)}: wrong result")
+        full = torch.arange(m * world, dtype=torch.float32) * (rank + 1)
+        out = torch.empty(m)
+        if rank in listed:
+            dist.reduce_scatter(out, list(full.chunk(world)))
+        else:
+            dist.reduce_scatter_tensor(out, full)
+        want = (torch.arange(m * world, dtype=torch.float32) * (world * (world + 1) // 2))
+        if not torch.equal(out, want[rank * m:(rank + 1) * m]):
+            bad.append(f"rank {rank}: reduce_scatter, list form on {sorted(listed)}: "
+                       "wrong result")
+    return bad, runs
+
+
+def test_list_and_flat_forms_mixed_across_ranks_on_a_grid() -> None:
+    results = run_ranks(_mixed_forms, GRID_WORLD, timeout=120, pg_timeout_s=30)
+    failures = [f for bad, _ in results for f in bad]
+    assert not failures, "\n".join(failures[:20])
+    assert all(runs == 6 for _, runs in results), results  # every op ran on the grid
