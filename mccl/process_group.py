@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.autograd.graph import increment_version
 
 from . import collectives as coll
 from . import config
@@ -306,6 +307,26 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                  "memory (an expanded view); pass one that does not, e.g. "
                                  ".clone()")
 
+    def _copied_into(self, op: str, outs: Sequence[torch.Tensor],
+                     rooted: bool = False) -> RuntimeError | None:
+        """Outputs that gloo fills with a tensor copy, which autograd sees as an in-place
+        write. mccl writes their memory directly, so it tells autograd itself: in grad mode a
+        leaf that requires grad is refused (as torch refuses the copy), and every output's
+        version counter goes up, so a tensor saved for backward and overwritten here fails
+        backward instead of giving a wrong gradient silently. ``rooted``: only this rank has
+        outputs, so the refusal is returned for the op's Work to fail with once every rank
+        has run it (see ``_submit``'s ``sink``), not raised."""
+        if torch.is_grad_enabled() and any(t.requires_grad and t.is_leaf for t in outs):
+            error = RuntimeError(
+                f"mccl {op}: a leaf Variable that requires grad is being used in an in-place "
+                "operation (the op's output); pass one that does not require grad, or call "
+                "the op under torch.no_grad()")
+            if not rooted:
+                raise error
+            return error
+        increment_version(list(outs))
+        return None
+
     def _adapter(self, device: torch.device | None) -> Adapter:
         key = str(device or "cpu")
         a = self._adapters.get(key)
@@ -387,7 +408,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
                 collective: bool = True, opts=None, start=None, segmented=None,
                 device: torch.device | None | object = _UNCHECKED, park=None,
-                placements: Sequence[Placement] = (), sink: bool = False) -> Work:
+                placements: Sequence[Placement] = (), sink: bool = False,
+                refused: BaseException | None = None) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
@@ -398,19 +420,19 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         whose other ranks cannot tell that this rank's result tensor could not take the result
         (an expanded view): the op runs with a private copy in its place, so every rank
         completes it and the group stays in step, and the Work then fails with the
-        ``ValueError`` (elsewhere it is raised before any byte moves)."""
+        ``ValueError`` (elsewhere it is raised before any byte moves); ``refused``: an error
+        found before, that the Work fails with that way."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
         strided = any(needs_copy(t) for t in tensors)
-        refused = None
         if strided:
             try:
                 self._writable(name, tensors, writes)
             except ValueError as e:
                 if not sink:
                     raise
-                refused = e
+                refused = refused or e
                 tensors = [t.contiguous() if w and overlaps_itself(t) else t
                            for t, w in zip(tensors, writes, strict=True)]
                 strided = any(needs_copy(t) for t in tensors)
@@ -498,6 +520,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, tensors[0].dtype)
         total = sum(t.numel() for t in tensors)
         sig = signature(Kind.ALL_REDUCE, wire_dtype(tensors[0]), redop, count=total)
+        self._copied_into(op_name, given)
         scratch = self._engine.scratch
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
@@ -553,6 +576,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, outs + [inp])
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
         sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=sum(o.numel() for o in outs))
+        self._copied_into(op_name, outs)
         n = len(outs)
         run = coll.AllGather(flat=False)
         return self._submit(op_name, sig, run.finish, outs + [inp], [False] * n + [True],
@@ -565,6 +589,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
         sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=output.numel())
+        self._copied_into(op_name, [output])
         run = coll.AllGather(flat=True)
         own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
         return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
@@ -608,13 +633,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
         sig = signature(Kind.GATHER, wire_dtype(inp), root=root, count=inp.numel())
+        refused = self._copied_into(op_name, outs, rooted=True)
+        if refused is not None:  # the others cannot tell: gather into copies, then fail
+            outs = [torch.empty_like(o, requires_grad=False) for o in outs]
         n, scratch = len(outs), self._engine.scratch
         return self._submit(op_name, sig,
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
                                                       scratch),
                             outs + [inp], [False] * n + [True], [True] * n + [False],
                             outs if is_root else [], opts=opts,
-                            placements=[(n, root, 0)] if is_root else ())
+                            placements=[(n, root, 0)] if is_root else (), refused=refused)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         op_name = "scatter"
@@ -646,6 +674,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, out.dtype)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(out), redop,
                         count=sum(t.numel() for t in ins))
+        self._copied_into(op_name, [given])
         n = len(ins)
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
         return self._submit(op_name, sig, run.finish, ins + [out], [True] * n + [False],
@@ -662,6 +691,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         output, input = self._real_pairs(op_name, redop, [output, input])
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(output), redop, count=input.numel())
+        self._copied_into(op_name, [given])
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
         own = self.rank() * output.numel() * output.element_size()  # its part of the input
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
@@ -697,6 +727,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()],
                        ins[self.rank()].numel())
         sig = signature(Kind.ALL_TO_ALL, wire_dtype(ins[0]) if ins else None)
+        self._copied_into(op_name, outs)
 
         def body(ch, h):
             coll.all_to_all(ch, [coll.as_bytes(t) for t in h[:w]],

@@ -232,6 +232,66 @@ def test_bad_input_raises_before_sending() -> None:
     assert "AVG" in text and "int32" in text
 
 
+def _autograd_sees_the_writes(rank: int, w: int) -> dict:
+    """Outputs gloo fills with a copy (the gathers, reduce-scatters, list all-to-all,
+    coalesced all-reduce) count as in-place writes for autograd, as on gloo."""
+    import torch.distributed as dist
+
+    got = {}
+    x = torch.ones(4, requires_grad=True)
+    o = torch.zeros(4 * w)
+    y = (x.repeat(w) * o).sum()  # saves o for backward
+    dist.all_gather_into_tensor(o, torch.full((4,), float(rank + 1)))
+    try:
+        y.backward()
+        got["saved"] = f"no error, grad {x.grad.tolist()}"
+    except RuntimeError as e:
+        got["saved"] = str(e)
+    leaf = torch.zeros(4 * w, requires_grad=True)
+    for name, call in {
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(leaf, torch.ones(4)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(leaf[:1].detach()
+                                                                     .requires_grad_(),
+                                                                     torch.ones(w)),
+        "all_gather": lambda: dist.all_gather([leaf[:4].detach().requires_grad_()] +
+                                              [torch.empty(4) for _ in range(w - 1)],
+                                              torch.ones(4)),
+    }.items():
+        try:
+            call()
+            got[name] = "no error"
+        except RuntimeError as e:
+            got[name] = str(e)
+    with torch.no_grad():  # allowed there, as on gloo
+        dist.all_gather_into_tensor(leaf, torch.full((4,), float(rank)))
+    got["no_grad"] = leaf.detach().tolist()
+    # gather: only the root has outputs, so its op runs (the others cannot tell) and fails
+    outs = [torch.empty(2, requires_grad=True) for _ in range(w)] if rank == 0 else None
+    try:
+        dist.gather(torch.ones(2), outs, dst=0)
+        got["gather"] = "no error"
+    except RuntimeError as e:
+        got["gather"] = str(e)
+    t = torch.ones(8)
+    dist.all_reduce(t)  # the group is in step and usable
+    got["after"] = t.tolist()
+    return got
+
+
+def test_outputs_written_by_a_copy_on_gloo_count_as_in_place_writes_for_autograd() -> None:
+    w = 2
+    for rank, got in enumerate(run_ranks(_autograd_sees_the_writes, w, timeout=90)):
+        assert "modified by an inplace operation" in got["saved"], got["saved"]
+        for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather"):
+            assert f"mccl {name}: a leaf Variable that requires grad" in got[name], got[name]
+        assert got["no_grad"] == [float(r) for r in range(w) for _ in range(4)]
+        if rank == 0:
+            assert "mccl gather: a leaf Variable that requires grad" in got["gather"]
+        else:
+            assert got["gather"] == "no error"
+        assert got["after"] == [float(w)] * 8
+
+
 def _store_init(rank: int, w: int, port: int) -> float:
     import torch.distributed as dist
 
