@@ -118,6 +118,18 @@ def _shut_down_at_exit() -> None:
             log.debug("mccl group '%s': close at exit failed", engine.label, exc_info=True)
 
 
+def _without_frames(e: BaseException) -> BaseException:
+    """``e`` and the exceptions chained to it, without their tracebacks: the frames of the
+    comm thread hold the engine, and a Work's error outlives the group (see ``work.fresh``)."""
+    seen: set[int] = set()
+    c: BaseException | None = e
+    while c is not None and id(c) not in seen:
+        seen.add(id(c))
+        c.__traceback__ = None
+        c = c.__cause__ or c.__context__
+    return e
+
+
 def _shown(logger: logging.Logger) -> bool:
     """Does a record at ERROR from ``logger`` reach a handler that writes it somewhere? (The
     package's own NullHandler keeps Python's last-resort handler quiet.)"""
@@ -600,7 +612,8 @@ class Engine:
         else:
             who = f" [peer {self._rank(peer)}]"
         err = CollectiveError(f"{self._where(job)} failed{who}: {what}", op=job.name, peer=peer)
-        err.__cause__ = e
+        log.debug("%s: raised here", err, exc_info=e)
+        err.__cause__ = _without_frames(e)
         return err
 
     def _later_error(self, job: Job) -> CollectiveError:

@@ -7,6 +7,7 @@ op's error, and lets the device adapter gate the consumer (O2) on the caller's t
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import queue
 import threading
@@ -112,8 +113,23 @@ def _unwrap(fut: torch.futures.Future):
     """The value of a Work's future, or its error raised (so the chained future fails)."""
     value = fut.value()
     if isinstance(value, BaseException):
-        raise value
+        raise fresh(value)
     return value
+
+
+def fresh(error: BaseException) -> BaseException:
+    """A copy of a stored error, to raise. Raising the stored one would attach the raiser's
+    frames to it, and through their locals the Work, the group and its sockets; torch's
+    Futures hold the stored error from C++, where the garbage collector cannot see the cycle,
+    so a failed group stayed alive for good after it was destroyed (its sockets and store
+    too). The copy keeps the type, message, attributes and cause."""
+    try:
+        copied = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception type that cannot be copied: raise it
+        return error
+    copied.__cause__ = error.__cause__
+    copied.__suppress_context__ = error.__suppress_context__
+    return copied
 
 
 def _set_result(fut: torch.futures.Future, value, result_ctx) -> None:
@@ -226,7 +242,7 @@ class Work(dist.Work):
         self._await_latch(timeout)
         self._await_future()
         if self._error is not None:
-            raise self._error
+            raise fresh(self._error)
         if self._gate is not None:
             self._gate()
         return True
