@@ -263,15 +263,16 @@ class Mesh:
             raise
         return False
 
-    def _send_error(self, p: Peer) -> PeerError:
+    def _send_error(self, p: Peer) -> PeerError | MismatchError:
         """Why sending to ``p`` failed. A peer that failed first (a mismatch it found, a rank
         it gave up on) sent an error frame before closing: on the thread running an op, read
-        what arrived from ``p`` so that reason (or its exit) is reported, not a broken pipe."""
+        what arrived from ``p`` so that reason (or its exit) is reported, not a broken pipe;
+        what it sent before that may show the mismatch here too."""
         if self._reader is threading.current_thread() and not self._polling and not p.eof:
             self._polling = True
             try:
                 self._poll_peer(p)
-            except PeerError as e:
+            except (PeerError, MismatchError) as e:
                 return e
             except Exception:  # noqa: BLE001 - the socket error is the answer then
                 pass
