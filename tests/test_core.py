@@ -1066,3 +1066,29 @@ def test_no_word_is_left_in_a_store_whose_host_is_the_rank_that_failed(monkeypat
     assert word(0, agent="True")  # torchrun's agent hosts the store
     pg._rank = 0
     assert word(0)  # blamed on itself (the peers gave up on it): it lives, and so does the store
+
+
+def _file_init_job(rank: int, w: int, path: str) -> list[float]:
+    import gc
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("mccl", init_method=f"file://{path}", rank=rank, world_size=w,
+                            timeout=timedelta(seconds=20))
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    gc.collect()  # (the test's ranks end in os._exit, which runs no finalizer)
+    return t.tolist()
+
+
+def test_jobs_in_a_row_on_one_init_file(tmp_path) -> None:
+    """The init file goes once a job's groups are destroyed (FileStore deletes it with its
+    last user), so the next job on that path starts clean, as on gloo. An idle store thread
+    kept the store, and the file stayed when the processes exited: every later job read the
+    first one's keys and failed."""
+    path = tmp_path / "init"
+    for _ in range(2):
+        assert run_ranks(_file_init_job, 2, str(path), init=False, timeout=60) == [[3.0] * 5] * 2
+        assert not path.exists()

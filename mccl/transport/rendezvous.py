@@ -126,9 +126,7 @@ class BoundedStore:
     def __init__(self, store: Store, limit_s: float):
         self.store, self.limit_s = store, limit_s
         self.stuck: str | None = None  # the call that did not return, once one did not
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._serving = False  # a thread runs the calls (until idle for STORE_IDLE_S)
+        self._calls = _StoreCalls()
 
     def __getattr__(self, name: str):
         attr = getattr(self.store, name)
@@ -142,11 +140,7 @@ class BoundedStore:
                                f"{self.stuck}() within {self.limit_s:g}s (the group's timeout)")
         box: list = []
         done = threading.Event()
-        with self._lock:
-            self._jobs.put((fn, args, kwargs, box, done))
-            if not self._serving:
-                self._serving = True
-                threading.Thread(target=self._serve, name="mccl-store", daemon=True).start()
+        self._calls.put((fn, args, kwargs, box, done))
         if not done.wait(self.limit_s + STORE_GRACE_S):
             self.stuck = name
             raise TimeoutError(f"the rendezvous store gave no answer to {name}() within "
@@ -157,8 +151,27 @@ class BoundedStore:
             raise value
         return value
 
+
+class _StoreCalls:
+    """``BoundedStore``'s queue of calls and the thread that runs them in turn, ending once
+    idle (a thread per call cost set-up more). The thread holds no reference to the store
+    between calls: a FileStore deletes its file when its last user lets go of it, and a
+    process exiting right after destroying its group (the thread still idle then) left the
+    file behind, with keys that failed every later job on that path."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._serving = False
+
+    def put(self, job: tuple) -> None:
+        with self._lock:
+            self._jobs.put(job)
+            if not self._serving:
+                self._serving = True
+                threading.Thread(target=self._serve, name="mccl-store", daemon=True).start()
+
     def _serve(self) -> None:
-        """Run the queued calls in turn; end once idle (a thread per call cost set-up more)."""
         while True:
             try:
                 fn, args, kwargs, box, done = self._jobs.get(timeout=STORE_IDLE_S)
@@ -174,6 +187,7 @@ class BoundedStore:
                 box.append((False, e))
             finally:
                 done.set()
+                fn = args = kwargs = box = done = None  # the store (and the result) go now
 
 
 class PeerGoneError(ConnectionError):
