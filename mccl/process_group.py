@@ -44,7 +44,9 @@ from .transport.mesh import Mesh
 from .transport.rendezvous import (
     BoundedStore,
     agree_members,
+    check_claims,
     choose_address,
+    claim_rank,
     connect_mesh,
     cores_per_rank,
     give_up,
@@ -151,8 +153,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self._timeout = timeout
         default = not global_ranks  # torch's default group (init_process_group)
-        if default:
-            new_incarnation()
         self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
         if len(self._global_ranks) != size:  # not from torch's new_group: group ranks then
             log.debug("group %s: %d global ranks for %d ranks; using group ranks",
@@ -163,6 +163,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout_s = _seconds(timeout)
         store = BoundedStore(store, timeout_s)
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
+            if default:
+                new_incarnation(store)
+            claim_rank(store, self._label, self._global_ranks[rank])
             cfg = config.load()
             config.apply_log_level(cfg.log_level)
             self._cfg = cfg
@@ -179,6 +182,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                      cores, cap >> 10)
             group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address,
                                            self._global_ranks)
+            try:
+                check_claims(store, self._label)
+            except BaseException:
+                for s in socks.values():
+                    s.close()
+                raise
         except Exception as e:
             give_up(store, self._label, self._global_ranks[rank], e, size)
             raise

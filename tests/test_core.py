@@ -1092,3 +1092,101 @@ def test_jobs_in_a_row_on_one_init_file(tmp_path) -> None:
     for _ in range(2):
         assert run_ranks(_file_init_job, 2, str(path), init=False, timeout=60) == [[3.0] * 5] * 2
         assert not path.exists()
+
+
+def _after_a_job_alone(rank: int, w: int, port: int) -> list[float]:
+    """Rank 0 first runs a job of its own (one rank), as a notebook's sanity check does;
+    then it joins a fresh process for the real job."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1, timeout=timedelta(seconds=10))
+        dist.all_reduce(torch.ones(2))
+        dist.destroy_process_group()
+    dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank,
+                            world_size=w, timeout=timedelta(seconds=10))
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.tolist()
+
+
+def test_a_process_that_ran_a_job_before_joins_a_fresh_one() -> None:
+    """Default groups are counted per store (a count per process made the one that had run a
+    job before wait in another key space than the fresh one: both timed out, each naming
+    the other as never joined)."""
+    port = free_port()
+    assert run_ranks(_after_a_job_alone, 2, port, init=False, timeout=60) == [[3.0] * 3] * 2
+
+
+def _two_jobs_one_store(rank: int, w: int, port: int, forming: bool) -> str:
+    """Ranks 0-1 are job A's ranks 0-1, ranks 2-3 job B's, on one store (no prefix). B's
+    ranks start while A runs ops; or (``forming``) B's rank 0 alone starts while A's rank 0
+    waits for its rank 1, which starts once B is done. A runs ops until B is done."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    job, r = divmod(rank, 2)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    if job == 1 and forming and r == 1:  # B's rank 1 stays away: A's rank 1 is not
+        store.add("test/b-left", 1)       # claimed twice, only its rank 0 is
+        return "stayed away"
+    if job == 1:
+        store.wait(["test/a-runs"])
+        if forming:
+            time.sleep(0.5)  # A's rank 0 has claimed its rank by now
+    elif r == 1 and forming:
+        store.wait(["test/b-done"])
+    if forming and job == 0 and r == 0:
+        store.set("test/a-runs", "1")
+    try:
+        dist.init_process_group("mccl", store=store, rank=r, world_size=2,
+                                timeout=timedelta(seconds=8))
+        for i in range(1000):
+            if job == 0 and r == 0 and i == 1:
+                store.set("test/a-runs", "1")
+            stop = torch.tensor([float(job == 0 and r == 0 and store.check(["test/b-done"]))])
+            dist.all_reduce(stop)  # every rank of A stops at the same op
+            if stop.item():
+                break
+            t = torch.full((4,), float(100 * job + 10 * r + i))
+            dist.all_reduce(t)
+            if t.tolist() != [float(200 * job + 10 + 2 * i)] * 4:
+                return f"WRONG {t.tolist()}"
+        dist.barrier()
+        dist.destroy_process_group()
+        return "right"
+    except Exception as e:  # noqa: BLE001 - the outcome is the test's result
+        return f"error: {e}"
+    finally:
+        if job == 1 and store.add("test/b-left", 1) == 2:
+            store.set("test/b-done", "1")
+
+
+@pytest.mark.parametrize("forming", [False, True], ids=["running", "forming"])
+def test_a_second_job_on_a_jobs_store_fails_instead_of_pairing_up(forming: bool) -> None:
+    """Two jobs sharing a store by mistake (no PrefixStore): ranks of the second read the
+    first one's keys, authenticated with its ranks (one secret) and summed with them without
+    an error. Now a rank of a group is taken once: the second job fails, saying why; a job
+    that is still forming fails too (its ranks may belong to either job); one that runs goes
+    on untouched, as on gloo. (Ranks of two jobs that form one group before any rank is
+    claimed twice cannot tell: the README says so.)"""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    outcomes = run_ranks(_two_jobs_one_store, 4, port, forming, init=False, timeout=90)
+    del store
+    assert not [o for o in outcomes if o.startswith("WRONG")], outcomes
+    for o in outcomes[2:3 if forming else 4] + (outcomes[:2] if forming else []):
+        assert o.startswith("error") and "already taken by another process" in o, outcomes
+    if not forming:
+        assert outcomes[:2] == ["right", "right"], outcomes

@@ -3,8 +3,9 @@ secret, build the full mesh of authenticated connections of one group, and agree
 cores each rank of the group can count on.
 
 Keys are namespaced per torchrun attempt, because torchrun keeps its store across elastic
-restarts and a dead attempt's keys are still there, and per ``init_process_group`` of the
-process, because torch reuses group names after ``destroy_process_group``.
+restarts and a dead attempt's keys are still there, and per ``init_process_group`` on that
+store, because torch reuses group names after ``destroy_process_group``. A rank of a group is
+claimed once there, so two jobs sharing a store by mistake fail instead of pairing up.
 """
 
 from __future__ import annotations
@@ -357,24 +358,72 @@ def group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) & 0xFFFFFFFF
 
 
-#: How many default groups this process has created (``new_incarnation``).
+#: Which default group of this process, on the store it was made with, the groups from now
+#: on belong to (``new_incarnation``).
 _incarnation = 0
+#: Default groups this process made, by store (its ``STORE_ID_KEY``) and torchrun attempt.
+_made_on: dict[str, int] = {}
+#: A random id the first process to use a store leaves there: tells one store from another.
+STORE_ID_KEY = "mccl/store"
+#: Where ``claim_rank`` says that a rank of a group was claimed twice.
+CLAIMED_TWICE_KEY = "claimed-twice"
 
 
-def new_incarnation() -> None:
+def new_incarnation(store: Store) -> None:
     """A default group is being created (``init_process_group``): the groups from here on get
     keys of their own. After ``destroy_process_group`` torch names groups from "0" again, and
     a store kept across inits (torchrun's) still holds the keys the groups before left, the
-    listening addresses of ranks since gone among them. Every process of a job creates its
-    default groups in the same order, so the count agrees across ranks."""
+    listening addresses of ranks since gone among them. Counted per store (and attempt): every
+    process of a job creates its default groups on it in the same order, so the count agrees
+    across ranks, whatever each did on other stores before (a count per process made one that
+    had joined an earlier job, or run one alone, wait in another key space than the fresh
+    processes of the next job: a timeout)."""
     global _incarnation
-    _incarnation += 1
+    where = _store_id(store) + "/" + _attempt_prefix()
+    _made_on[where] = _incarnation = _made_on.get(where, 0) + 1
+
+
+def _store_id(store: Store) -> str:
+    """The id the first process to use ``store`` left there (``STORE_ID_KEY``); "" for a store
+    without ``compare_set`` (a Python subclass may lack it): then one count per process."""
+    try:
+        got = store.compare_set(STORE_ID_KEY, "", secrets.token_hex(16))
+    except (RuntimeError, NotImplementedError):  # torch: "Not implemented."
+        return ""
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+def _attempt_prefix() -> str:
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return f"mccl/{run}/{attempt}/"
 
 
 def namespace(group_name: str) -> str:
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    return f"mccl/{run}/{attempt}/{_incarnation}/{group_name}/"
+    return f"{_attempt_prefix()}{_incarnation}/{group_name}/"
+
+
+def claim_rank(store: Store, group_name: str, rank: int) -> None:
+    """Take global rank ``rank`` in the group's store key space, or raise if another process
+    has: two jobs sharing one store without prefixes (or one rank started twice) would read
+    each other's keys, and ranks of different jobs, holding the same secret, paired up
+    and summed each other's tensors without an error. The first claim wins; the loser leaves
+    a note that fails the group's ranks still forming (``check_claims``)."""
+    ns = namespace(group_name)
+    if store.add(f"{ns}claim/{rank}", 1) != 1:
+        why = (f"mccl group {group_name!r}: global rank {rank} was already taken by another "
+               "process in this store's key space: do two jobs share one store (give each its "
+               "own, or a torch.distributed.PrefixStore), or was one rank started twice?")
+        store.set(f"{ns}{CLAIMED_TWICE_KEY}", why)
+        raise RuntimeError(why)
+
+
+def check_claims(store: Store, group_name: str) -> None:
+    """End of forming a group: raise if a rank of it was claimed twice meanwhile
+    (``claim_rank``): the ranks that formed it may belong to different jobs."""
+    key = f"{namespace(group_name)}{CLAIMED_TWICE_KEY}"
+    if store.check([key]):
+        raise RuntimeError(store.get(key).decode("utf-8", "replace"))
 
 
 def _ifname_address(ifname: str) -> str | None:
