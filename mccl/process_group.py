@@ -65,6 +65,10 @@ BACKEND_NAME = "mccl"
 #: caller is PyTorch's own thread and the copies go to the adapter's side stream either way
 #: (O3 holds). MPS stays on the comm thread: that path is not run on hardware here.
 INLINE_DEVICE_TYPES = frozenset({"cpu", "cuda"})
+#: How long a failing op waits for its word to a rank still forming the group to reach the
+#: store (``_leave_word``): a process that exits on the error took the thread writing it along,
+#: and that rank then waited out the group timeout.
+WORD_WAIT_S = 2.0
 #: Tag reserved for monitored_barrier's p2p messages (user tags are other values).
 _MONITOR_TAG = -0x4D43434C
 
@@ -207,9 +211,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     def _leave_word(self, err: CollectiveError) -> None:
         """The group broke: tell a rank that may still be forming it through the store
         (``give_up``, which its set-up watches), off this thread, as the store may hang or be
-        gone. Its peers' error frames may not reach it: where an op sent it data first, the
-        frame waits behind the data, which it reads only once formed. Only within the group
-        timeout of this rank's set-up: no rank waits to form longer than that."""
+        gone, waiting at most ``WORD_WAIT_S`` for it. Its peers' error frames may not reach
+        it: where an op sent it data first, the frame waits behind the data, which it reads
+        only once formed. Only within the group timeout of this rank's set-up: no rank waits
+        to form longer than that."""
         if time.monotonic() - self._formed_at >= self._timeout_s:
             return
         culprit = err.peer
@@ -220,9 +225,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             # nobody can read the word there, and writing it makes torch print a C++ trace.
             return
         note = RuntimeError(f"it formed the group, then an op failed: {err}")
-        threading.Thread(target=give_up, name=f"mccl-word-{self._label}", daemon=True,
-                         args=(self._store, self._label, self._global_ranks[self._rank],
-                               note)).start()
+        word = threading.Thread(target=give_up, name=f"mccl-word-{self._label}", daemon=True,
+                                args=(self._store, self._label, self._global_ranks[self._rank],
+                                      note))
+        word.start()
+        word.join(WORD_WAIT_S)  # before the op's error reaches its caller (see WORD_WAIT_S)
 
     # ---- identity ----
     # The same values as the C++ accessors, without a pybind call (a few microseconds each,
