@@ -323,25 +323,30 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                                  "memory (an expanded view); pass one that does not, e.g. "
                                  ".clone()")
 
-    def _copied_into(self, op: str, outs: Sequence[torch.Tensor],
-                     rooted: bool = False) -> RuntimeError | None:
+    def _copied_into(self, op: str, outs: Sequence[torch.Tensor], read: bool = False,
+                     ) -> tuple[list[torch.Tensor], RuntimeError | None]:
         """Outputs that gloo fills with a tensor copy, which autograd sees as an in-place
-        write. mccl writes their memory directly, so it tells autograd itself: in grad mode a
-        leaf that requires grad is refused (as torch refuses the copy), and every output's
-        version counter goes up, so a tensor saved for backward and overwritten here fails
-        backward instead of giving a wrong gradient silently. ``rooted``: only this rank has
-        outputs, so the refusal is returned for the op's Work to fail with once every rank
-        has run it (see ``_submit``'s ``sink``), not raised."""
-        if torch.is_grad_enabled() and any(t.requires_grad and t.is_leaf for t in outs):
-            error = RuntimeError(
-                f"mccl {op}: a leaf Variable that requires grad is being used in an in-place "
-                "operation (the op's output); pass one that does not require grad, or call "
-                "the op under torch.no_grad()")
-            if not rooted:
-                raise error
-            return error
-        increment_version(list(outs))
-        return None
+        write. mccl writes their memory directly, so it makes that write known itself: an
+        output that requires grad (in grad mode), or an inference tensor, gets an in-place
+        copy of itself first, so torch's own rules apply (a leaf or a view of one is refused,
+        a non-leaf's history is replaced, as by gloo's copy), and every other output's version
+        counter goes up: a tensor saved for backward and overwritten here fails backward
+        instead of giving a wrong gradient. A refused output is not written: the op runs on
+        private tensors in place of the outputs (clones where it reads them too, ``read``),
+        so every rank completes it and the group stays in step, and its Work then fails with
+        the returned error (as on gloo, where only the refusing rank's op fails)."""
+        grad = torch.is_grad_enabled()
+        checked = {id(t) for t in outs if (grad and t.requires_grad) or t.is_inference()}
+        try:
+            for t in outs:
+                if id(t) in checked:
+                    t.copy_(t.detach())
+        except RuntimeError as e:
+            private = [t.detach().clone() if read else torch.empty_like(t, requires_grad=False)
+                       for t in outs]
+            return private, RuntimeError(f"mccl {op}: {e}")
+        increment_version([t for t in outs if id(t) not in checked])  # copy_ did the others
+        return list(outs), None
 
     def _adapter(self, device: torch.device | None) -> Adapter:
         key = str(device or "cpu")
@@ -532,16 +537,17 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, given)
         if not given:
             return completed_work(op_name, [])
+        check(redop, self._real_pairs(op_name, redop, given[:1])[0].dtype)
+        given, refused = self._copied_into(op_name, given, read=True)
         tensors = self._real_pairs(op_name, redop, given)
-        check(redop, tensors[0].dtype)
         total = sum(t.numel() for t in tensors)
         sig = signature(Kind.ALL_REDUCE, wire_dtype(tensors[0]), redop, count=total)
-        self._copied_into(op_name, given)
         scratch = self._engine.scratch
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,
                             lambda ch, h: coll.all_reduce_many(ch, h, redop, scratch),
-                            tensors, flags, flags, given, opts=opts, device=device)
+                            tensors, flags, flags, given, opts=opts, device=device,
+                            refused=refused)
 
     def broadcast(self, tensors, opts=None):
         op_name = "broadcast"
@@ -592,12 +598,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, outs + [inp])
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
         sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=sum(o.numel() for o in outs))
-        self._copied_into(op_name, outs)
+        outs, refused = self._copied_into(op_name, outs)
         n = len(outs)
         run = coll.AllGather(flat=False)
         return self._submit(op_name, sig, run.finish, outs + [inp], [False] * n + [True],
                             [True] * n + [False], outs, opts=opts, start=run.start,
-                            placements=[(n, self.rank(), 0)])
+                            placements=[(n, self.rank(), 0)], refused=refused)
 
     def _allgather_flat(self, op_name: str, output: torch.Tensor, inp: torch.Tensor,
                         opts=None):
@@ -605,12 +611,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
         sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=output.numel())
-        self._copied_into(op_name, [output])
+        (output,), refused = self._copied_into(op_name, [output])
         run = coll.AllGather(flat=True)
         own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
         return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
                             [True, False], [output], opts=opts, start=run.start,
-                            placements=[(1, 0, own)])
+                            placements=[(1, 0, own)], refused=refused)
 
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_flat("all_gather_into_tensor", output, input, opts)
@@ -649,9 +655,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
         sig = signature(Kind.GATHER, wire_dtype(inp), root=root, count=inp.numel())
-        refused = self._copied_into(op_name, outs, rooted=True)
-        if refused is not None:  # the others cannot tell: gather into copies, then fail
-            outs = [torch.empty_like(o, requires_grad=False) for o in outs]
+        outs, refused = self._copied_into(op_name, outs)
         n, scratch = len(outs), self._engine.scratch
         return self._submit(op_name, sig,
                             lambda ch, h: coll.gather(ch, h[n], h[:n] if is_root else None, root,
@@ -685,17 +689,17 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, ins + [out])
         device = self._device_of(op_name, ins + [out])
         self._numel_is(op_name, f"input[{self.rank()}]", ins[self.rank()], out.numel())
-        given = out
-        *ins, out = self._real_pairs(op_name, redop, ins + [out])
+        (given,), refused = self._copied_into(op_name, [out])
+        *ins, out = self._real_pairs(op_name, redop, ins + [given])
         check(redop, out.dtype)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(out), redop,
                         count=sum(t.numel() for t in ins))
-        self._copied_into(op_name, [given])
         n = len(ins)
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=False)
         return self._submit(op_name, sig, run.finish, ins + [out], [True] * n + [False],
                             [False] * n + [True], [given], opts=opts, device=device,
-                            start=run.start, placements=[(self.rank(), n, 0)])
+                            start=run.start, placements=[(self.rank(), n, 0)],
+                            refused=refused)
 
     def _reduce_scatter_flat(self, op_name: str, output, input, opts):
         redop = _redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -703,16 +707,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, [output, input])
         w = self.size()
         self._numel_is(op_name, "input", input, output.numel() * w)
-        given = output
-        output, input = self._real_pairs(op_name, redop, [output, input])
+        (given,), refused = self._copied_into(op_name, [output])
+        output, input = self._real_pairs(op_name, redop, [given, input])
         check(redop, output.dtype)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(output), redop, count=input.numel())
-        self._copied_into(op_name, [given])
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
         own = self.rank() * output.numel() * output.element_size()  # its part of the input
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
                             [True, False], [given], opts=opts, device=device, start=run.start,
-                            placements=[(0, 1, own)])
+                            placements=[(0, 1, own)], refused=refused)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)
@@ -743,7 +746,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()],
                        ins[self.rank()].numel())
         sig = signature(Kind.ALL_TO_ALL, wire_dtype(ins[0]) if ins else None)
-        self._copied_into(op_name, outs)
+        outs, refused = self._copied_into(op_name, outs)
 
         def body(ch, h):
             coll.all_to_all(ch, [coll.as_bytes(t) for t in h[:w]],
@@ -751,7 +754,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
         return self._submit(op_name, sig, body, outs + ins, [False] * w + [True] * w,
                             [True] * w + [False] * w, outs, opts=opts,
-                            placements=[(w + self.rank(), self.rank(), 0)])
+                            placements=[(w + self.rank(), self.rank(), 0)], refused=refused)
 
     def _split_rows(self, op_name: str, t: torch.Tensor, splits, what: str) -> list[int]:
         w = self.size()

@@ -237,41 +237,38 @@ def _autograd_sees_the_writes(rank: int, w: int) -> dict:
     coalesced all-reduce) count as in-place writes for autograd, as on gloo."""
     import torch.distributed as dist
 
+    def outcome(call) -> str:
+        try:
+            call()
+            return "no error"
+        except RuntimeError as e:
+            return str(e)
+
     got = {}
     x = torch.ones(4, requires_grad=True)
     o = torch.zeros(4 * w)
     y = (x.repeat(w) * o).sum()  # saves o for backward
     dist.all_gather_into_tensor(o, torch.full((4,), float(rank + 1)))
-    try:
-        y.backward()
-        got["saved"] = f"no error, grad {x.grad.tolist()}"
-    except RuntimeError as e:
-        got["saved"] = str(e)
-    leaf = torch.zeros(4 * w, requires_grad=True)
-    for name, call in {
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(leaf, torch.ones(4)),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(leaf[:1].detach()
-                                                                     .requires_grad_(),
-                                                                     torch.ones(w)),
-        "all_gather": lambda: dist.all_gather([leaf[:4].detach().requires_grad_()] +
-                                              [torch.empty(4) for _ in range(w - 1)],
-                                              torch.ones(4)),
-    }.items():
-        try:
-            call()
-            got[name] = "no error"
-        except RuntimeError as e:
-            got[name] = str(e)
+    got["saved"] = outcome(y.backward)
+    # a leaf that requires grad, on the last rank only: its op fails, the others' completes
+    leaf = torch.zeros(4 * w, requires_grad=rank == w - 1)
+    got["leaf"] = outcome(lambda: dist.all_gather_into_tensor(leaf, torch.ones(4)))
+    p = torch.nn.Parameter(torch.zeros(w))  # views of a leaf, as outputs
+    got["view"] = outcome(lambda: dist.all_gather([p[i:i + 1] for i in range(w)], torch.ones(1)))
+    got["untouched"] = p.detach().tolist() + leaf.detach().tolist()
+    # a non-leaf output: the op replaces its history (no gradient flows to what it held)
+    a = torch.ones(2, requires_grad=True)
+    outs = [a * 3 for _ in range(w)]
+    dist.all_gather(outs, torch.full((2,), float(rank)))
+    sum(out.sum() for out in outs).backward()
+    got["non_leaf_grad"] = a.grad.tolist()
+    got["non_leaf_values"] = [out.tolist() for out in outs]
     with torch.no_grad():  # allowed there, as on gloo
         dist.all_gather_into_tensor(leaf, torch.full((4,), float(rank)))
     got["no_grad"] = leaf.detach().tolist()
-    # gather: only the root has outputs, so its op runs (the others cannot tell) and fails
+    # gather: only the root has outputs
     outs = [torch.empty(2, requires_grad=True) for _ in range(w)] if rank == 0 else None
-    try:
-        dist.gather(torch.ones(2), outs, dst=0)
-        got["gather"] = "no error"
-    except RuntimeError as e:
-        got["gather"] = str(e)
+    got["gather"] = outcome(lambda: dist.gather(torch.ones(2), outs, dst=0))
     t = torch.ones(8)
     dist.all_reduce(t)  # the group is in step and usable
     got["after"] = t.tolist()
@@ -282,8 +279,16 @@ def test_outputs_written_by_a_copy_on_gloo_count_as_in_place_writes_for_autograd
     w = 2
     for rank, got in enumerate(run_ranks(_autograd_sees_the_writes, w, timeout=90)):
         assert "modified by an inplace operation" in got["saved"], got["saved"]
-        for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather"):
-            assert f"mccl {name}: a leaf Variable that requires grad" in got[name], got[name]
+        if rank == w - 1:
+            assert "mccl all_gather_into_tensor: a leaf Variable that requires grad" in (
+                got["leaf"]), got["leaf"]
+        else:
+            assert got["leaf"] == "no error", got["leaf"]
+        assert "mccl all_gather: a view of a leaf Variable" in got["view"], got["view"]
+        written = 0.0 if rank == w - 1 else 1.0  # refused outputs are not written
+        assert got["untouched"] == [0.0] * w + [written] * (4 * w), got["untouched"]
+        assert got["non_leaf_grad"] == [0.0, 0.0]
+        assert got["non_leaf_values"] == [[float(r)] * 2 for r in range(w)]
         assert got["no_grad"] == [float(r) for r in range(w) for _ in range(4)]
         if rank == 0:
             assert "mccl gather: a leaf Variable that requires grad" in got["gather"]
