@@ -581,6 +581,32 @@ def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
     assert run_ranks(_late_but_alive, 2, timeout=60, pg_timeout_s=2) == ["ok", "ok"]
 
 
+def _any_source_after_a_departure(rank: int, world: int) -> dict | None:
+    """Rank 1 leaves cleanly while ranks 0 and 2 receive from any peer: nobody sends, so they
+    time out (as gloo does); the error blames no rank and says who left."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl import CollectiveError
+
+    dist.barrier()
+    if rank == 1:
+        dist.destroy_process_group()
+        return None
+    try:
+        dist.recv(torch.empty(2))
+    except CollectiveError as e:
+        return {"msg": str(e), "peer": e.peer}
+    return {"msg": "no error", "peer": None}
+
+
+def test_an_any_source_receive_that_times_out_blames_nobody_and_names_who_left() -> None:
+    res = run_ranks(_any_source_after_a_departure, 3, timeout=90, pg_timeout_s=3)
+    for r in (res[0], res[2]):
+        assert "from any rank" in r["msg"] and "rank 1 shut the group down" in r["msg"], r
+        assert "blamed on this rank" not in r["msg"] and r["peer"] is None, r
+
+
 def _later_than_the_timeout(rank: int, world: int, size: int) -> str:
     """Rank 1 comes to an all-reduce after the others gave up waiting for it (group timeout
     2 s); everything they sent before that waits in its sockets."""

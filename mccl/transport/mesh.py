@@ -76,6 +76,14 @@ class MismatchError(RuntimeError):
         self.culprit = peer
 
 
+def _unblamed(text: str) -> PeerError:
+    """A receive from any peer failed with no peer to blame (none sent, or every one left):
+    without a culprit the error names none, rather than this rank as one its peers gave up on."""
+    e = PeerError(-1, text)
+    e.culprit = None
+    return e
+
+
 @dataclass(eq=False)
 class PostedRecv:
     """A point-to-point receive waiting for its message (``Mesh.post_recv``). Whichever read of
@@ -645,9 +653,9 @@ class Mesh:
         for pr in self.posted:
             if all(q.eof for q in self._senders(pr.src)):
                 who = f"rank {pr.src}" if pr.src is not None else "every peer"
-                raise PeerError(pr.src if pr.src is not None else self.rank,
-                                f"{who} shut the group down before sending the message with "
-                                f"tag {pr.tag} that rank {self.rank} waits for")
+                text = (f"{who} shut the group down before sending the message with tag "
+                        f"{pr.tag} that rank {self.rank} waits for")
+                raise (PeerError(pr.src, text) if pr.src is not None else _unblamed(text))
         if not self.posted:
             return
         pr = self.posted[0]
@@ -656,8 +664,8 @@ class Mesh:
             self._probe(pr.src if pr.src is not None else -1)
         if waited >= self.timeout_s:
             if pr.src is None:
-                raise PeerError(self.rank, f"no message with tag {pr.tag} from any rank for "
-                                           f"{waited:.0f}s (group timeout)")
+                raise _unblamed(f"no message with tag {pr.tag} from any rank for "
+                                f"{waited:.0f}s (group timeout){self._gone()}")
             raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
                                     f"{waited:.0f}s (group timeout)"
                                     f"{self._waits_on_us(self.peer(pr.src))}")
@@ -691,7 +699,7 @@ class Mesh:
                     raise TimeoutError(
                         f"no message with tag {tag} from any rank before the timeout")
                 if not sel.get_map():
-                    raise PeerError(self.rank, "every peer shut the group down")
+                    raise _unblamed("every peer shut the group down")
                 for key, _ in sel.select(min(left, self.probe_s)):
                     p = key.data
                     if p.bye and p.at_eof():
@@ -717,6 +725,15 @@ class Mesh:
             self._probe(p.rank)
             self._poll(p)
         return stall
+
+    def _gone(self) -> str:
+        """The peers that have shut the group down (for a receive from any peer that timed
+        out: they cannot be the sender it waits for)."""
+        gone = [q.rank for q in self._live() if q.bye or q.eof]
+        if not gone:
+            return ""
+        ranks = ", ".join(map(str, gone))
+        return f"; rank{'s' if len(gone) > 1 else ''} {ranks} shut the group down"
 
     def _waits_on_us(self, p: Peer) -> str:
         """The silent peer's STATE, where it says the peer waits for this rank (and this rank
