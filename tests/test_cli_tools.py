@@ -222,7 +222,7 @@ def test_a_cluster_of_one_host_is_a_usage_error() -> None:
 
     with pytest.raises(ValueError, match="--hosts must be at least 2 with --cluster"):
         _plan(_parse("--cluster", "--hosts", "1", "--world-sizes", "2"))
-    _plan(_parse("--cluster", "--hosts", "2", "--world-sizes", "3"))  # ranks share hosts
+    _plan(_parse("--cluster", "--hosts", "2", "--world-sizes", "3"))  # ranks share (a note)
 
 
 def test_cluster_settings_without_cluster_are_usage_errors() -> None:
@@ -484,3 +484,96 @@ def test_ceiling_cli_reports_cluster_problems_in_one_line(
     monkeypatch.setattr(cli, "start_cluster", unavailable)
     assert ceiling.main(["--cluster", "--seconds", "0.2"]) == 3
     assert capsys.readouterr().err.strip() == "cluster unavailable: emulated cluster needs root"
+
+
+# -- thirty-fifth session: the model's input, plot names, default result files --------------
+def test_model_refuses_bad_flags_rows_and_fits_it_cannot_make(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Before: tracebacks (ZeroDivisionError, KeyError, TypeError) for --hosts 1, rows
+    without time_us, rows that are not a list; B = 1e6 GB/s from 8-byte points only, and
+    alpha = 0 from points that are all one size on one world size."""
+    from mccl.bench.model import main as model_main
+    from mccl.bench.model import ring_time
+
+    def doc(rows: object) -> str:
+        path = tmp_path / f"r{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps({"schema": "mccl-bench/1", "rows": rows}))
+        return str(path)
+
+    def row(n: int, size: int, t_s: float, **kw: object) -> dict:
+        return {"op": "all_reduce", "backend": "mccl", "world_size": n, "size": size,
+                "time_us": t_s * 1e6, **kw}
+
+    good = doc([row(n, 1 << k, ring_time(n, 1 << k, 40e-6, 1e8))
+                for n in (2, 4) for k in (10, 20, 24)])
+    cases = [
+        ([good, "--hosts", "1"], "--hosts: 1 is below 2"),
+        ([good, "--hosts", "abc"], "--hosts: 'abc' is not an integer"),
+        ([good, "--min-size", "1X"], "--min-size: bad size '1X'"),
+        ([good, "--png", str(tmp_path / "m.txt")], "cannot write .txt files"),
+        ([good, "--backend", "foo"], "no all_reduce rows of backend 'foo'"),
+        ([doc([{"op": "all_reduce", "backend": "mccl", "world_size": 2, "size": 8}])],
+         "row 0: field 'time_us' is missing"),
+        ([doc([row(2, 8, 1e-4, time_us=None)])], "row 0: field 'time_us' is missing"),
+        ([doc("oops")], "'rows' is a str"),
+        ([doc([1, 2])], "row 0 is a int"),
+        ([doc([row(n, 8, 1e-4 * n) for n in (2, 4, 8)] + [row(2, 16, 0.9e-4)])],
+         "no bandwidth term"),
+        ([doc([row(4, 1 << 20, 0.01)] * 3)], "cannot tell per-hop latency from bandwidth"),
+    ]
+    for argv, text in cases:
+        assert model_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and text in err and "Traceback" not in err, (argv, err)
+    with pytest.raises(SystemExit):
+        model_main([good, "--link-gbit", "0"])
+    capsys.readouterr()
+    assert model_main([good, "--png", str(tmp_path / "noext")]) == 0
+    assert f"wrote {tmp_path / 'noext.png'}" in capsys.readouterr().err
+    assert (tmp_path / "noext.png").is_file()
+
+
+def test_bench_writes_its_results_by_default_and_names_the_files_it_wrote(
+        tmp_path: Path) -> None:
+    """Before: no JSON or PNG without --json/--png, and '--png noext' said it wrote 'noext'
+    while matplotlib wrote 'noext.png'."""
+    pytest.importorskip("matplotlib")
+    run = [sys.executable, "-m", "mccl.bench", *QUICK]
+    res = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads((tmp_path / "mccl-bench.json").read_text())
+    assert [r["size"] for r in doc["rows"]] == [8]
+    assert (tmp_path / "mccl-bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert "wrote mccl-bench.json" in res.stderr and "wrote mccl-bench.png" in res.stderr
+    res = subprocess.run([*run, "--json", "none", "--png", str(tmp_path / "sub" / "noext")],
+                         cwd=tmp_path / "sub" if (tmp_path / "sub").mkdir() is None else None,
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["noext.png"]
+    assert f"wrote {tmp_path / 'sub' / 'noext.png'}" in res.stderr
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_during_cluster_up_removes_what_it_made() -> None:
+    """Before: SIGTERM (what `timeout` sends) mid bring-up left every namespace made so far;
+    Ctrl-C removed them."""
+    ip = cluster_or_skip(2, None, PREFIX).ip
+    proc = subprocess.Popen([sys.executable, "-m", "mccl.cluster", "--prefix", PREFIX, "up",
+                             "--hosts", "120"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(cl.list_namespaces(ip, PREFIX)) < 3:  # bring-up under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no namespace appeared"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 130, err
+        assert cl.list_namespaces(ip, PREFIX) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        _remove_test_cluster(ip)

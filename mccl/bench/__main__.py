@@ -1,9 +1,11 @@
 """``python -m mccl.bench``: nccl-tests style benchmark of mccl vs gloo, locally or on a cluster.
 
 With no flags: 4 local ranks on loopback, all_reduce, 1K..64M, every available backend
-(mccl and gloo), no root needed. ``--cluster`` runs each rank in its own emulated host
-(network namespace, tbf-shaped links; Linux + root). Every bandwidth is also shown as a
-percentage of the measured single-stream TCP ceiling of one link.
+(mccl and gloo), no root needed; the table goes to stdout, the results to mccl-bench.json
+and mccl-bench.png in the current folder (``--json``/``--png`` elsewhere, or ``none``).
+``--cluster`` runs each rank in its own emulated host (network namespace, tbf-shaped links;
+Linux + root). Every bandwidth is also shown as a percentage of the measured single-stream
+TCP ceiling of one link.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ DEFAULT_BACKENDS = ("mccl", "gloo")
 DEFAULT_CEILING_S = 3.0
 MAX_SIZE = 1 << 30
 MAX_SIZES = 200  # sizes per op: each takes seconds; a factor barely above 1 makes millions
+#: Result files of a run, in the current folder unless given ('none' skips one).
+DEFAULT_JSON, DEFAULT_PNG = "mccl-bench.json", "mccl-bench.png"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="duration of the TCP ceiling measurement (0 = skip)")
     p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=60.0,
                    help="stall allowance per size in seconds (on top of the expected time)")
-    p.add_argument("--json", default=None, metavar="PATH", help="write results JSON here")
-    p.add_argument("--png", default=None, metavar="PATH", help="write busbw plot here")
+    p.add_argument("--json", default=DEFAULT_JSON, metavar="PATH",
+                   help=f"write results JSON here (default {DEFAULT_JSON}; 'none': do not)")
+    p.add_argument("--png", default=DEFAULT_PNG, metavar="PATH",
+                   help=f"write the busbw plot here (default {DEFAULT_PNG}; 'none': do not)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -120,8 +126,10 @@ def _sizes(args: argparse.Namespace) -> list[int]:
         sizes = list(dict.fromkeys(parse_size(s) for s in csv_items(args.sizes, "--sizes")))
     else:
         sizes = size_range(parse_size(args.min), parse_size(args.max), args.factor, MAX_SIZES)
-    if min(sizes) <= 0 or max(sizes) > MAX_SIZE:
-        raise ValueError(f"sizes must be in 1..{format_size(MAX_SIZE)}")
+    bad = [s for s in sizes if not 0 < s <= MAX_SIZE]
+    if bad:
+        raise ValueError(f"size {bad[0]} B is out of range: sizes must be in "
+                         f"1..{format_size(MAX_SIZE)}")
     if len(sizes) > MAX_SIZES:
         raise ValueError(f"{len(sizes)} sizes, over the limit of {MAX_SIZES}")
     return sizes
@@ -216,6 +224,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], li
     if args.cluster and args.hosts == 1:
         raise ValueError("--hosts must be at least 2 with --cluster (the ceiling is measured "
                          "over the link between two hosts), got 1")
+    for flag in ("--json", "--png"):
+        if str(getattr(args, _dest(flag))).lower() in ("", "none"):
+            setattr(args, _dest(flag), None)
     if not args.cluster:  # else a loopback run would pass for one on shaped links
         unset = build_parser().parse_args([])  # the parser's own defaults
         shaping = [flag for flag in CLUSTER_FLAGS
@@ -266,8 +277,17 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
                                     args.burst, args.cc, steering(args.rx_steering))
         doc["network"] = ({"mode": "cluster", **cluster.describe()} if cluster
                           else {"mode": "loopback"})
+        if cluster is not None and cluster.n_hosts < max(worlds):
+            note = (f"world size {max(worlds)} on {cluster.n_hosts} hosts: rank r runs on "
+                    f"host r % {cluster.n_hosts}, so ranks share hosts and their links")
+            doc["notes"].append(note)
+            print(f"note: {note}", file=sys.stderr, flush=True)
         if args.ceiling_seconds > 0:
-            doc["ceiling"] = measure_ceiling(cluster, args.ceiling_seconds)
+            try:
+                doc["ceiling"] = measure_ceiling(cluster, args.ceiling_seconds)
+            except (RuntimeError, OSError) as exc:
+                raise CliError(f"error: the TCP ceiling could not be measured: {exc}", 1
+                               ) from None
             ceiling = doc["ceiling"]["bytes_per_s"]
             where = f"cluster {args.rate}" if cluster else "loopback"
             print(f"ceiling ({where}, one TCP stream {doc['ceiling']['path']}): "
@@ -342,8 +362,9 @@ def _report(args: argparse.Namespace, doc: dict[str, Any], ceiling: float | None
             print(f"wrote {args.json}", file=sys.stderr)
         if args.png and doc["rows"]:
             net = f"cluster {args.rate} x{cluster.n_hosts}" if cluster else "loopback"
-            if write_png(args.png, doc["rows"], ceiling, f"mccl.bench on {net}"):
-                print(f"wrote {args.png}", file=sys.stderr)
+            written = write_png(args.png, doc["rows"], ceiling, f"mccl.bench on {net}")
+            if written is not None:
+                print(f"wrote {written}", file=sys.stderr)
     except OSError as exc:  # checked up front; this is the path changing under the run
         print(f"error: cannot write results: {exc}", file=sys.stderr)
         status = 1

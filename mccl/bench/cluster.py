@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .cli import add_rx_steering, steering
+from .cli import add_rx_steering, interrupt_on_sigterm, steering
 from .report import CC_PATH, default_cc, parse_size, plural, read_proc
 
 log = logging.getLogger(__name__)
@@ -779,6 +779,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the process exit status."""
+    interrupt_on_sigterm()  # `timeout` or `kill` mid bring-up: removed like after Ctrl-C
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     args = _build_parser().parse_args(argv)
     try:

@@ -25,14 +25,17 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mccl.algorithms import base, grid
+from mccl.bench.cli import CliError, at_least, int_items
+from mccl.bench.cli import report as report_error
 from mccl.bench.cluster import tcp_payload_ceiling
 from mccl.bench.ops import bus_factor
-from mccl.bench.report import format_size, load_json
+from mccl.bench.report import check_plot_path, format_size, load_json, parse_size, plot_file
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +114,16 @@ def fit_alpha_beta(points: Sequence[tuple[int, float, float]]) -> Fit:
     s = np.array([p[1] for p in pts], dtype=np.float64)
     t = np.array([p[2] for p in pts], dtype=np.float64)
     x = np.stack([2 * (n - 1), 2 * (n - 1) / n * s], axis=1) / t[:, None]
+    if np.linalg.matrix_rank(x) < 2:  # one size on one world size: any split fits
+        raise ValueError("the points cannot tell per-hop latency from bandwidth: give "
+                         "all_reduce points at two or more sizes")
     y = np.ones_like(t)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     alpha, beta = float(coef[0]), float(coef[1])
-    if beta <= 0:  # no bandwidth signal (only tiny sizes): pure latency model
-        beta = 1e-15
-        alpha = float(np.linalg.lstsq(x[:, :1], y - x[:, 1] * beta, rcond=None)[0][0])
+    if beta <= 0:  # an infinite bandwidth would fit: nothing to predict a link from
+        raise ValueError("the points show no bandwidth term (times do not grow with the "
+                         "size): give all_reduce points large enough to be link-bound, "
+                         "e.g. 1M and up")
     if alpha <= 0:
         alpha = 1e-9
         beta = float(np.linalg.lstsq(x[:, 1:], y - x[:, 0] * alpha, rcond=None)[0][0])
@@ -125,11 +132,33 @@ def fit_alpha_beta(points: Sequence[tuple[int, float, float]]) -> Fit:
     return Fit(alpha_s=alpha, bandwidth_bps=1.0 / beta, rms_rel_err=rms, points=len(pts))
 
 
+#: The fields of a bench row the model reads, and their types.
+ROW_FIELDS = {"op": str, "backend": str, "world_size": int, "size": (int, float),
+              "time_us": (int, float)}
+
+
+def check_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's rows, each with the fields the model reads; ValueError naming the first
+    row and field that is missing or of the wrong type."""
+    rows = doc.get("rows", [])
+    if not isinstance(rows, list):
+        raise ValueError(f"'rows' is a {type(rows).__name__}, not a list of rows")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(f"row {i} is a {type(r).__name__}, not an object")
+        for name, kind in ROW_FIELDS.items():
+            v = r.get(name)
+            if not isinstance(v, kind) or isinstance(v, bool):
+                raise ValueError(f"row {i}: field {name!r} is "
+                                 f"{'missing' if v is None else repr(v)}")
+    return rows
+
+
 def allreduce_points(doc: dict[str, Any], backend: str,
                      min_size: int = 0) -> list[tuple[int, float, float]]:
     """(n, size, time_s) of one backend's all_reduce rows in a bench JSON document."""
     return [(int(r["world_size"]), float(r["size"]), float(r["time_us"]) * 1e-6)
-            for r in doc.get("rows", [])
+            for r in check_rows(doc)
             if r["op"] == "all_reduce" and r["backend"] == backend and r["size"] >= min_size]
 
 
@@ -182,8 +211,9 @@ def report(doc: dict[str, Any], backend: str, fit: Fit, hosts: Sequence[int],
 
 
 def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Sequence[int],
-              link_bits: float) -> bool:
-    """Measured busbw points, model curves for measured n, and the target-host predictions."""
+              link_bits: float) -> Path | None:
+    """Measured busbw points, model curves for measured n, and the target-host predictions;
+    returns the file written (None without matplotlib)."""
     try:
         import matplotlib
 
@@ -191,7 +221,7 @@ def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Seq
         import matplotlib.pyplot as plt
     except ImportError:
         log.warning("matplotlib not installed: skipping PNG %s", path)
-        return False
+        return None
     pts = allreduce_points(doc, backend)
     ceiling = (doc.get("ceiling") or {}).get("bytes_per_s")
     fig, (ax_m, ax_p) = plt.subplots(1, 2, figsize=(13, 5))
@@ -222,46 +252,61 @@ def write_png(path: str, doc: dict[str, Any], backend: str, fit: Fit, hosts: Seq
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    out = plot_file(path)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
-    return True
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry: 0 = fitted and predicted, 2 = bad flags or a file the model cannot use."""
     p = argparse.ArgumentParser(prog="python -m mccl.bench.model",
                                 description="Fit alpha-beta to all_reduce results; extrapolate.")
     p.add_argument("results", help="JSON written by python -m mccl.bench --json")
     p.add_argument("--backend", default=None, help="default: mccl if present, else the first")
-    p.add_argument("--hosts", default=",".join(map(str, DEFAULT_TARGET_HOSTS)))
-    p.add_argument("--link-gbit", type=float, default=DEFAULT_LINK_BITS / 1e9)
+    p.add_argument("--hosts", default=",".join(map(str, DEFAULT_TARGET_HOSTS)),
+                   help="host counts to predict, comma list of integers >= 2")
+    p.add_argument("--link-gbit", type=at_least(0.0, float, strict=True),
+                   default=DEFAULT_LINK_BITS / 1e9)
     p.add_argument("--min-size", default="0", help="ignore smaller all_reduce points")
     p.add_argument("--png", default=None, metavar="PATH")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    from mccl.bench.report import parse_size
-
     try:
-        doc = load_json(args.results)
-    except (OSError, ValueError) as exc:  # missing, unreadable, not JSON, not a bench result
-        print(f"error: cannot read {args.results}: {getattr(exc, 'strerror', None) or exc}",
-              file=sys.stderr)
-        return 2
-    backends = sorted({r["backend"] for r in doc.get("rows", []) if r["op"] == "all_reduce"})
-    if not backends:
-        print(f"{args.results}: no all_reduce rows", file=sys.stderr)
-        return 2
-    backend = args.backend or ("mccl" if "mccl" in backends else backends[0])
-    min_size = parse_size(args.min_size)
-    try:
+        hosts = int_items(args.hosts, "--hosts", minimum=2)
+        try:
+            min_size = parse_size(args.min_size)
+        except ValueError as exc:
+            raise CliError(f"error: --min-size: {exc}") from None
+        try:
+            if args.png is not None:
+                check_plot_path(args.png, "--png")
+        except ValueError as exc:  # the message names the flag
+            raise CliError(f"error: {exc}") from None
+        try:
+            doc = load_json(args.results)
+        except (OSError, ValueError) as exc:  # missing, unreadable, not JSON, not a result
+            raise CliError(f"error: cannot read {args.results}: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+        backends = sorted({r["backend"] for r in check_rows(doc) if r["op"] == "all_reduce"})
+        if not backends:
+            raise CliError(f"error: {args.results}: no all_reduce rows")
+        if args.backend is not None and args.backend not in backends:
+            raise CliError(f"error: {args.results}: no all_reduce rows of backend "
+                           f"{args.backend!r} (there are: {', '.join(backends)})")
+        backend = args.backend or ("mccl" if "mccl" in backends else backends[0])
         fit = fit_alpha_beta(allreduce_points(doc, backend, min_size))
+    except CliError as exc:
+        return report_error(exc)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {args.results}: {exc}", file=sys.stderr)
         return 2
-    hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
     link = args.link_gbit * 1e9
     print(report(doc, backend, fit, hosts, link, DEFAULT_PREDICT_SIZES, min_size))
-    if args.png and write_png(args.png, doc, backend, fit, hosts, link):
-        print(f"wrote {args.png}", file=sys.stderr)
+    if args.png:
+        written = write_png(args.png, doc, backend, fit, hosts, link)
+        if written is not None:
+            print(f"wrote {written}", file=sys.stderr)
     return 0
 
 

@@ -281,11 +281,18 @@ def check_plot_path(path: str | Path, flag: str) -> None:
                          ".svg or .pdf file)")
 
 
+def plot_file(path: str | Path) -> Path:
+    """The file matplotlib writes for ``path``: a name without an extension gets ``.png``
+    (the tools said they wrote the name as given)."""
+    path = Path(path)
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
 def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: float | None,
-              title: str = "") -> bool:
+              title: str = "") -> Path | None:
     """busbw and time vs size (log2 x); one line per backend x op x world size.
 
-    Returns False (with one warning) if matplotlib is not installed.
+    Returns the file written, or None (with one warning) if matplotlib is not installed.
     """
     try:
         import matplotlib
@@ -294,7 +301,7 @@ def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: flo
         import matplotlib.pyplot as plt
     except ImportError:
         log.warning("matplotlib not installed: skipping PNG %s (pip install matplotlib)", path)
-        return False
+        return None
     fig, (ax_bw, ax_t) = plt.subplots(2, 1, figsize=PNG_SIZE_IN, sharex=True)
     series: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -327,7 +334,8 @@ def write_png(path: str | Path, rows: Sequence[dict[str, Any]], ceiling_bps: flo
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=PNG_DPI)
+    out = plot_file(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=PNG_DPI)
     plt.close(fig)
-    return True
+    return out
