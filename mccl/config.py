@@ -37,7 +37,7 @@ class Config:
 def _log_level(value: str | None) -> int | str:
     """A logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL) or number."""
     v = (value or "").strip().upper() or "WARNING"
-    if v.lstrip("-").isdigit():
+    if v.isdigit():  # a level number, 0 (NOTSET) and up; a negative one means nothing
         return int(v)
     if v in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL", "NOTSET"):
         return v

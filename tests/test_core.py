@@ -646,7 +646,7 @@ def test_log_level_names_and_numbers(monkeypatch, value: str, level) -> None:
     assert config.load().log_level == level
 
 
-@pytest.mark.parametrize("var, value", [("MCCL_LOG_LEVEL", "verbose"),
+@pytest.mark.parametrize("var, value", [("MCCL_LOG_LEVEL", "verbose"), ("MCCL_LOG_LEVEL", "-5"),
                                         ("MCCL_UNIFIED_COLLECTIVE", "maybe")])
 def test_bad_environment_values_name_their_variable(monkeypatch, var: str, value: str) -> None:
     from mccl import config
