@@ -538,7 +538,8 @@ class Engine:
             # tells the peers what it is).
             reason = getattr(e, "origin", None) or (
                 str(e) if isinstance(e, MismatchError) else str(err))
-            mesh.fail(reason, err.peer, job.seq)
+            nobody = isinstance(e, PeerError) and e.culprit is None  # (``_wrap``)
+            mesh.fail(reason, err.peer, job.seq, nobody=nobody)
         # A mismatch is between ranks that formed the group; one still forming finds it in
         # its own first op (the same op, issued its way), so it gets no word of it.
         mismatch = isinstance(e, MismatchError) or str(getattr(e, "origin", "")).startswith(

@@ -583,7 +583,8 @@ def test_a_posted_receive_times_out_only_when_the_group_goes_quiet() -> None:
 
 def _any_source_after_a_departure(rank: int, world: int) -> dict | None:
     """Rank 1 leaves cleanly while ranks 0 and 2 receive from any peer: nobody sends, so they
-    time out (as gloo does); the error blames no rank and says who left."""
+    time out (as gloo does); the error blames no rank and says who left. Rank 2 starts late,
+    so rank 0's error frame reaches it first: forwarded, it still blames nobody."""
     import torch
     import torch.distributed as dist
 
@@ -593,6 +594,8 @@ def _any_source_after_a_departure(rank: int, world: int) -> dict | None:
     if rank == 1:
         dist.destroy_process_group()
         return None
+    if rank == 2:
+        time.sleep(1.5)
     try:
         dist.recv(torch.empty(2))
     except CollectiveError as e:

@@ -18,6 +18,8 @@ VERSION = 1
 DATA = 1  # payload of a collective, ordered by sequence number
 P2P = 2  # payload of send/recv, matched by tag
 ERROR = 3  # the sender failed; payload is a UTF-8 reason, sig.root the blamed rank or -1
+#: ``sig.root`` of an ERROR frame whose sender blames no rank (-1: the sender itself failed).
+BLAME_NOBODY = -2
 STATE = 4  # the sender is blocked in op seq/sig; payload: the rank it waits for (int32, -1)
 BYE = 5  # the sender shut the group down cleanly; no payload
 KINDS = (DATA, P2P, ERROR, STATE, BYE)

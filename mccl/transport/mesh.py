@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .framing import (
+    BLAME_NOBODY,
     BYE,
     DATA,
     ERROR,
@@ -401,8 +402,11 @@ class Mesh:
                     else f"rank {p.rank} gave up on rank {self.rank}")
             return PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
         culprit = blamed if 0 <= blamed < self.size else p.rank
-        return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
-                         origin=text)
+        e = PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
+                      origin=text)
+        if blamed == BLAME_NOBODY:  # e.g. a receive from any peer that nobody sent to
+            e.culprit = None
+        return e
 
     def _control(self, p: Peer, hdr: Header) -> None:
         if hdr.kind == ERROR:
@@ -920,14 +924,16 @@ class Mesh:
                 "down)")
 
     # ---- failure and shutdown ----
-    def fail(self, reason: str, culprit: int | None = None, seq: int = 0) -> None:
-        """Tell every peer why this rank gives up (blaming ``culprit`` if known), then close
-        the connections shortly after."""
+    def fail(self, reason: str, culprit: int | None = None, seq: int = 0,
+             nobody: bool = False) -> None:
+        """Tell every peer why this rank gives up (blaming ``culprit`` if known; with
+        ``nobody``, no rank: else the peers blame this one), then close the connections
+        shortly after."""
         if self.failed:
             return
         self.failed = True
         text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-        blamed = culprit if culprit is not None else -1
+        blamed = culprit if culprit is not None else (BLAME_NOBODY if nobody else -1)
         header = pack_header(ERROR, Signature(0, root=blamed), self.group, seq, len(text))
         for p in self._live():
             if p.send_error is None and not p.eof:
