@@ -43,16 +43,14 @@ from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
 from .transport.rendezvous import (
     BoundedStore,
-    ClaimedTwice,
     agree_members,
     check_claims,
     choose_address,
     claim_rank,
     connect_mesh,
     cores_per_rank,
-    end_generation,
     give_up,
-    join_generation,
+    new_incarnation,
     watch_liveness,
 )
 from .transport.tcp import PeerError
@@ -170,9 +168,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         store = BoundedStore(store, timeout_s)
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
             if default:
-                join_generation(store, self._label, self._global_ranks[rank])
-            else:
-                claim_rank(store, self._label, self._global_ranks[rank])
+                new_incarnation(store)
+            claim_rank(store, self._label, self._global_ranks[rank])
             cfg = config.load()
             config.apply_log_level(cfg.log_level)
             self._cfg = cfg
@@ -195,11 +192,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 for s in socks.values():
                     s.close()
                 raise
-            if default:
-                end_generation(store, formed=True)  # a later default group takes the next
         except Exception as e:
-            if default and not isinstance(e, ClaimedTwice):  # (a forming job's generation)
-                end_generation(store, formed=False)
             give_up(store, self._label, self._global_ranks[rank], e, size)
             raise
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)

@@ -358,68 +358,39 @@ def group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) & 0xFFFFFFFF
 
 
-#: The generation of default groups on the store (``join_generation``) that the groups of
-#: this process from now on belong to.
+#: Which default group of this process, on the store it was made with, the groups from now
+#: on belong to (``new_incarnation``).
 _incarnation = 0
-#: Default groups this process made, by torchrun attempt, for stores without compare_set.
+#: Default groups this process made, by store (its ``STORE_ID_KEY``) and torchrun attempt.
 _made_on: dict[str, int] = {}
+#: A random id the first process to use a store leaves there: tells one store from another.
+STORE_ID_KEY = "mccl/store"
 #: Where ``claim_rank`` says that a rank of a group was claimed twice.
 CLAIMED_TWICE_KEY = "claimed-twice"
-#: Under an attempt's keys: the store's current generation of default groups.
-GENERATION_KEY = "generation"
-#: Under a generation's keys: its default group formed (it takes no more ranks), or a rank
-#: gave up forming it (a rank whose slot is free there joins it, and fails at once on the
-#: note; one whose slot was taken moves on).
-FORMED_KEY, GAVE_UP_GEN_KEY = "formed", "gave-up"
-#: Generations a rank walks through at most (each is a few store calls).
-MAX_GENERATIONS = 100_000
 
 
-def join_generation(store: Store, group_name: str, rank: int) -> None:
-    """Claim global ``rank`` of a default group (``init_process_group``) in the store's
-    current generation, moving on past generations that ended.
-
-    Why generations: after ``destroy_process_group`` torch names groups from "0" again, and a
-    store kept across inits (torchrun's, a launcher's) still holds the keys of the groups
-    before, addresses of ranks since gone among them. A generation ends once its default
-    group formed or a rank gave up forming it; a rank that finds its rank claimed in an ended
-    generation (its own earlier group, or a dead process's), or the generation formed, takes
-    the next. So survivors that re-init meet a fresh process that replaces a dead rank, a
-    second job on a running job's store forms a group of its own, and ranks that are threads
-    of one process share one generation. The count lives in the store, so a process's
-    earlier jobs on other stores do not matter. A rank claimed twice in a generation still
-    forming is an error (``claim_rank``): the two may belong to different jobs."""
+def new_incarnation(store: Store) -> None:
+    """A default group is being created (``init_process_group``): the groups from here on get
+    keys of their own. After ``destroy_process_group`` torch names groups from "0" again, and
+    a store kept across inits (torchrun's) still holds the keys the groups before left, the
+    listening addresses of ranks since gone among them. Counted per store (and attempt): every
+    process of a job creates its default groups on it in the same order, so the count agrees
+    across ranks, whatever each did on other stores before (a count per process made one that
+    had joined an earlier job, or run one alone, wait in another key space than the fresh
+    processes of the next job: a timeout)."""
     global _incarnation
-    key = _attempt_prefix() + GENERATION_KEY
-    try:
-        g = int(store.compare_set(key, "", "1"))
-    except (RuntimeError, NotImplementedError):  # a store without compare_set: per process
-        where = _attempt_prefix()
-        _made_on[where] = _incarnation = _made_on.get(where, 0) + 1
-        claim_rank(store, group_name, rank)
-        return
-    for _ in range(MAX_GENERATIONS):
-        _incarnation = g
-        formed, gave_up = (f"{_attempt_prefix()}{g}/{k}" for k in (FORMED_KEY, GAVE_UP_GEN_KEY))
-        if not store.check([formed]):
-            if store.add(f"{namespace(group_name)}claim/{rank}", 1) == 1:
-                return
-            if not (store.check([formed]) or store.check([gave_up])):
-                _claimed_twice(store, group_name, rank)
-        g = int(store.compare_set(key, str(g), str(g + 1)))
-    raise RuntimeError(f"mccl group {group_name!r}: no free generation of default groups in "
-                       f"this store after {MAX_GENERATIONS}")
+    where = _store_id(store) + "/" + _attempt_prefix()
+    _made_on[where] = _incarnation = _made_on.get(where, 0) + 1
 
 
-def end_generation(store: Store, formed: bool) -> None:
-    """The default group of this process's generation formed, or this rank gave up forming
-    it (``formed`` False): later default groups on the store take the next generation (best
-    effort)."""
+def _store_id(store: Store) -> str:
+    """The id the first process to use ``store`` left there (``STORE_ID_KEY``); "" for a store
+    without ``compare_set`` (a Python subclass may lack it): then one count per process."""
     try:
-        store.set(f"{_attempt_prefix()}{_incarnation}/"
-                  f"{FORMED_KEY if formed else GAVE_UP_GEN_KEY}", "1")
-    except Exception:  # noqa: BLE001 - the store may be what failed
-        log.debug("could not mark generation %d ended", _incarnation, exc_info=True)
+        got = store.compare_set(STORE_ID_KEY, "", secrets.token_hex(16))
+    except (RuntimeError, NotImplementedError):  # torch: "Not implemented."
+        return ""
+    return got.decode() if isinstance(got, bytes) else str(got)
 
 
 def _attempt_prefix() -> str:
@@ -438,23 +409,13 @@ def claim_rank(store: Store, group_name: str, rank: int) -> None:
     each other's keys, and ranks of different jobs, holding the same secret, paired up
     and summed each other's tensors without an error. The first claim wins; the loser leaves
     a note that fails the group's ranks still forming (``check_claims``)."""
-    if store.add(f"{namespace(group_name)}claim/{rank}", 1) != 1:
-        _claimed_twice(store, group_name, rank)
-
-
-def _claimed_twice(store: Store, group_name: str, rank: int) -> None:
-    """Leave the note that fails the group's ranks still forming, and raise."""
-    why = (f"mccl group {group_name!r}: global rank {rank} was already taken by another "
-           "process in this store's key space while the group formed: do two jobs share one "
-           "store (give each its own, or a torch.distributed.PrefixStore), was one rank "
-           "started twice, or do the ranks disagree on TORCHELASTIC_RESTART_COUNT (torchrun "
-           "agents restarted for a membership change)?")
-    store.set(f"{namespace(group_name)}{CLAIMED_TWICE_KEY}", why)
-    raise ClaimedTwice(why)
-
-
-class ClaimedTwice(RuntimeError):
-    """A rank of a group was claimed twice while it formed (``claim_rank``)."""
+    ns = namespace(group_name)
+    if store.add(f"{ns}claim/{rank}", 1) != 1:
+        why = (f"mccl group {group_name!r}: global rank {rank} was already taken by another "
+               "process in this store's key space: do two jobs share one store (give each its "
+               "own, or a torch.distributed.PrefixStore), or was one rank started twice?")
+        store.set(f"{ns}{CLAIMED_TWICE_KEY}", why)
+        raise RuntimeError(why)
 
 
 def check_claims(store: Store, group_name: str) -> None:
