@@ -77,14 +77,6 @@ class MismatchError(RuntimeError):
         self.culprit = peer
 
 
-def _unblamed(text: str) -> PeerError:
-    """A receive from any peer failed with no peer to blame (none sent, or every one left):
-    without a culprit the error names none, rather than this rank as one its peers gave up on."""
-    e = PeerError(-1, text)
-    e.culprit = None
-    return e
-
-
 @dataclass(eq=False)
 class PostedRecv:
     """A point-to-point receive waiting for its message (``Mesh.post_recv``). Whichever read of
@@ -402,11 +394,8 @@ class Mesh:
                     else f"rank {p.rank} gave up on rank {self.rank}")
             return PeerError(p.rank, f"{said}: {text}", culprit=self.rank, origin=text)
         culprit = blamed if 0 <= blamed < self.size else p.rank
-        e = PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
-                      origin=text)
-        if blamed == BLAME_NOBODY:  # e.g. a receive from any peer that nobody sent to
-            e.culprit = None
-        return e
+        return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
+                         origin=text, blame=blamed != BLAME_NOBODY)
 
     def _control(self, p: Peer, hdr: Header) -> None:
         if hdr.kind == ERROR:
@@ -659,7 +648,8 @@ class Mesh:
                 who = f"rank {pr.src}" if pr.src is not None else "every peer"
                 text = (f"{who} shut the group down before sending the message with tag "
                         f"{pr.tag} that rank {self.rank} waits for")
-                raise (PeerError(pr.src, text) if pr.src is not None else _unblamed(text))
+                raise PeerError(-1 if pr.src is None else pr.src, text,
+                                blame=pr.src is not None)
         if not self.posted:
             return
         pr = self.posted[0]
@@ -668,8 +658,9 @@ class Mesh:
             self._probe(pr.src if pr.src is not None else -1)
         if waited >= self.timeout_s:
             if pr.src is None:
-                raise _unblamed(f"no message with tag {pr.tag} from any rank for "
-                                f"{waited:.0f}s (group timeout){self._gone()}")
+                raise PeerError(-1, f"no message with tag {pr.tag} from any rank for "
+                                    f"{waited:.0f}s (group timeout){self._gone()}",
+                                blame=False)  # none sent: no peer to blame
             raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
                                     f"{waited:.0f}s (group timeout)"
                                     f"{self._waits_on_us(self.peer(pr.src))}")
@@ -703,7 +694,7 @@ class Mesh:
                     raise TimeoutError(
                         f"no message with tag {tag} from any rank before the timeout")
                 if not sel.get_map():
-                    raise _unblamed("every peer shut the group down")
+                    raise PeerError(-1, "every peer shut the group down", blame=False)
                 for key, _ in sel.select(min(left, self.probe_s)):
                     p = key.data
                     if p.bye and p.at_eof():

@@ -67,15 +67,16 @@ class PeerError(ConnectionError):
     """A failure attributable to one peer rank (closed connection, timeout, error frame).
 
     ``peer`` is the connection it was seen on; ``culprit`` the rank to blame (a peer's error
-    frame may name a third rank); ``origin`` the reason text a peer's error frame carried, which
-    is forwarded unchanged so messages do not nest.
+    frame may name a third rank; without ``blame``, none: e.g. a receive from any peer that
+    nobody sent to); ``origin`` the reason text a peer's error frame carried, which is
+    forwarded unchanged so messages do not nest.
     """
 
     def __init__(self, peer: int, message: str, culprit: int | None = None,
-                 origin: str | None = None):
+                 origin: str | None = None, blame: bool = True):
         super().__init__(message)
         self.peer = peer
-        self.culprit = peer if culprit is None else culprit
+        self.culprit = (peer if culprit is None else culprit) if blame else None
         self.origin = origin
 
 
