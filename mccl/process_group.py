@@ -166,9 +166,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._group_name = group_name or ""
         timeout_s = _seconds(timeout)
         store = BoundedStore(store, timeout_s)
+        self._member = new_incarnation(store, rank) if default else None
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
-            if default:
-                new_incarnation(store)
             claim_rank(store, self._label, self._global_ranks[rank])
             cfg = config.load()
             config.apply_log_level(cfg.log_level)
@@ -193,6 +192,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                     s.close()
                 raise
         except Exception as e:
+            if self._member is not None:
+                self._member.end()
             give_up(store, self._label, self._global_ranks[rank], e, size)
             raise
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
@@ -920,10 +921,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
     # ---- lifecycle ----
     def shutdown(self) -> None:
+        self._end()
         self._engine.shutdown(abort=False)
 
     def abort(self) -> None:
+        self._end()
         self._engine.shutdown(abort=True)
+
+    def _end(self) -> None:
+        if self._member is not None:
+            self._member.end()
 
     def _shutdown(self) -> None:
         self.shutdown()

@@ -1195,3 +1195,65 @@ def test_a_second_job_on_a_jobs_store_fails_instead_of_pairing_up(forming: bool)
         assert o.startswith("error") and "already taken by another process" in o, outcomes
     if not forming:
         assert outcomes[:2] == ["right", "right"], outcomes
+
+
+def test_ranks_that_are_threads_of_one_process_form_groups_on_one_store() -> None:
+    """Each rank a thread of this process, one HashStore, the threads starting apart and
+    making three default groups in a row (each shut down before the next): they share one
+    count of default groups, so they meet in one key space every time. With a count per
+    process each thread's group took the next number, the threads waited in different key
+    spaces, and every one timed out (gloo forms these groups once, then reads stale keys)."""
+    import threading
+    import time
+
+    from mccl.process_group import ProcessGroupMCCL
+
+    world, rounds = 3, 3
+    store = torch.distributed.HashStore()
+    sums: dict[tuple[int, int], list[float]] = {}
+    errors: dict[int, str] = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            for k in range(rounds):
+                pg = ProcessGroupMCCL(store, r, world, timedelta(seconds=15))
+                t = torch.full((1000,), float(10 * k + r + 1))
+                pg.allreduce([t]).wait()
+                sums[(r, k)] = t.unique().tolist()
+                pg.shutdown()
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors[r] = f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # each begins after the one before has counted its group
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sums == {(r, k): [30.0 * k + 6] for r in range(world) for k in range(rounds)}
+
+
+def _swap_ranks_and_init_again(rank: int, w: int, port: int) -> list[list[float]]:
+    """Two default groups in a row on one store, the second with the ranks reversed."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, world_size=w,
+                          timeout=timedelta(seconds=30))
+    got = []
+    for r in (rank, w - 1 - rank):
+        dist.init_process_group("mccl", store=store, rank=r, world_size=w,
+                                timeout=timedelta(seconds=10))
+        t = torch.full((5,), float(10 ** r))
+        dist.all_reduce(t)
+        got.append(t.tolist())
+        dist.barrier()
+        dist.destroy_process_group()
+    return got
+
+
+def test_processes_that_swap_ranks_init_again_on_one_store() -> None:
+    """A process whose default group was destroyed starts the next count, whatever rank it
+    takes then (threads of one process share a count only while one of their groups lives)."""
+    assert run_ranks(_swap_ranks_and_init_again, 3, free_port(), init=False,
+                     timeout=60) == [[[111.0] * 5] * 2] * 3

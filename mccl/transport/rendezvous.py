@@ -363,13 +363,27 @@ def group_hash(name: str) -> int:
 _incarnation = 0
 #: Default groups this process made, by store (its ``STORE_ID_KEY``) and torchrun attempt.
 _made_on: dict[str, int] = {}
+#: The default groups of the latest incarnation on each store (and attempt), while any lives.
+_members: dict[str, list[DefaultMember]] = {}
+_members_lock = threading.Lock()
 #: A random id the first process to use a store leaves there: tells one store from another.
 STORE_ID_KEY = "mccl/store"
 #: Where ``claim_rank`` says that a rank of a group was claimed twice.
 CLAIMED_TWICE_KEY = "claimed-twice"
 
 
-def new_incarnation(store: Store) -> None:
+class DefaultMember:
+    """One default group of this process in its incarnation (``new_incarnation``); ``end``
+    once the group is shut down or failed to form."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.ended = rank, False
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def new_incarnation(store: Store, rank: int) -> DefaultMember:
     """A default group is being created (``init_process_group``): the groups from here on get
     keys of their own. After ``destroy_process_group`` torch names groups from "0" again, and
     a store kept across inits (torchrun's) still holds the keys the groups before left, the
@@ -377,10 +391,20 @@ def new_incarnation(store: Store) -> None:
     process of a job creates its default groups on it in the same order, so the count agrees
     across ranks, whatever each did on other stores before (a count per process made one that
     had joined an earlier job, or run one alone, wait in another key space than the fresh
-    processes of the next job: a timeout)."""
+    processes of the next job: a timeout). Ranks that are threads of one process share the
+    count: a group joins the latest incarnation while one of its groups lives there and none
+    had this rank (each thread counting its own made them wait in different key spaces)."""
     global _incarnation
     where = _store_id(store) + "/" + _attempt_prefix()
-    _made_on[where] = _incarnation = _made_on.get(where, 0) + 1
+    member = DefaultMember(rank)
+    with _members_lock:
+        members = _members.get(where, [])
+        if not any(not m.ended for m in members) or any(m.rank == rank for m in members):
+            _made_on[where] = _made_on.get(where, 0) + 1
+            members = _members[where] = []
+        members.append(member)
+        _incarnation = _made_on[where]
+    return member
 
 
 def _store_id(store: Store) -> str:
