@@ -15,3 +15,28 @@ class CollectiveError(dist.DistBackendError):
         super().__init__(message)
         self.op = op
         self.peer = peer
+
+
+#: The twin of each OS error class a group's set-up raised (``setup_error``).
+_TWINS: dict[type, type] = {}
+
+
+def setup_error(e: BaseException) -> BaseException:
+    """``e``, raised while a group formed, as an instance of a class that is both its own
+    (``TimeoutError``, ``ConnectionError``, mccl's ``GaveUpError``, ...) and torch's
+    ``DistNetworkError``: code written for gloo, whose set-up failures are RuntimeErrors,
+    catches it too. Errors that are not OS errors, or whose class cannot be rebuilt from
+    their args, are returned as they are."""
+    cls = type(e)
+    if not isinstance(e, OSError) or isinstance(e, dist.DistError):
+        return e
+    twin = _TWINS.get(cls)
+    if twin is None:
+        twin = _TWINS[cls] = type(cls.__name__, (cls, dist.DistNetworkError),
+                                  {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    try:
+        out = twin(*e.args)
+    except Exception:  # noqa: BLE001 - a class with its own constructor: keep the original
+        return e
+    out.__cause__, out.__suppress_context__ = e.__cause__, True
+    return out.with_traceback(e.__traceback__)

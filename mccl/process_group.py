@@ -35,7 +35,7 @@ from .device.strided import (
     plain_copy,
 )
 from .engine import Engine, Job
-from .errors import CollectiveError
+from .errors import CollectiveError, setup_error
 from .monitor import monitored_barrier
 from .ops import Kind, describe, signature, wire_dtype
 from .reduce import Op, check
@@ -195,7 +195,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if self._member is not None:
                 self._member.end()
             give_up(store, self._label, self._global_ranks[rank], e, size)
-            raise
+            raise setup_error(e) from e.__cause__
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
         self._store = store

@@ -1257,3 +1257,29 @@ def test_processes_that_swap_ranks_init_again_on_one_store() -> None:
     takes then (threads of one process share a count only while one of their groups lives)."""
     assert run_ranks(_swap_ranks_and_init_again, 3, free_port(), init=False,
                      timeout=60) == [[[111.0] * 5] * 2] * 3
+
+
+def test_set_up_failures_are_also_torch_dist_errors() -> None:
+    """A group that cannot form raises what it says (a timeout, a refused connection, a rank
+    that gave up) as a class that is also torch's DistNetworkError, as gloo's set-up
+    failures are RuntimeErrors: code that catches those catches mccl's too."""
+    import errno
+
+    import torch.distributed as dist
+
+    from mccl.errors import setup_error
+    from mccl.process_group import ProcessGroupMCCL
+    from mccl.transport.rendezvous import GaveUpError
+
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] did not join within 1s") as got:
+        ProcessGroupMCCL(dist.HashStore(), 0, 2, timedelta(seconds=1))
+    assert isinstance(got.value, TimeoutError) and isinstance(got.value, dist.DistNetworkError)
+    assert type(got.value).__name__ == "TimeoutError"
+    for e in (GaveUpError("mccl group 'g' cannot form"),
+              ConnectionRefusedError(errno.ECONNREFUSED, "refused")):
+        twin = setup_error(e)
+        assert isinstance(twin, type(e)) and isinstance(twin, dist.DistError), twin
+        assert (type(twin).__name__, str(twin)) == (type(e).__name__, str(e))
+    assert setup_error(twin) is twin
+    plain = ValueError("MCCL_SOCKET_IFNAME='x' names no interface")
+    assert setup_error(plain) is plain
