@@ -38,5 +38,4 @@ def setup_error(e: BaseException) -> BaseException:
         out = twin(*e.args)
     except Exception:  # noqa: BLE001 - a class with its own constructor: keep the original
         return e
-    out.__cause__, out.__suppress_context__ = e.__cause__, True
-    return out.with_traceback(e.__traceback__)
+    return out.with_traceback(e.__traceback__)  # its cause: the caller's ``raise ... from``

@@ -192,8 +192,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                     s.close()
                 raise
         except Exception as e:
-            if self._member is not None:
-                self._member.end()
+            self._end()
             give_up(store, self._label, self._global_ranks[rank], e, size)
             raise setup_error(e) from e.__cause__
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
