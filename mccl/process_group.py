@@ -50,6 +50,8 @@ from .transport.rendezvous import (
     connect_mesh,
     cores_per_rank,
     give_up,
+    hosts_the_store,
+    leave_word,
     new_incarnation,
     watch_liveness,
 )
@@ -167,15 +169,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout_s = _seconds(timeout)
         store = BoundedStore(store, timeout_s)
         self._member = new_incarnation(store, rank) if default else None
+        me = self._global_ranks[rank]
+        socks: dict = {}
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
-            claim_rank(store, self._label, self._global_ranks[rank])
+            claim_rank(store, self._label, me)
             cfg = config.load()
             config.apply_log_level(cfg.log_level)
             self._cfg = cfg
             address = choose_address(cfg.socket_ifname, _master_addr(store))
             if not default:  # the default group has every rank: no member list to disagree on
-                agree_members(store, self._global_ranks[rank], self._global_ranks,
-                              self._label, timeout_s)
+                agree_members(store, me, self._global_ranks, self._label, timeout_s)
             # Agreed before any socket opens (it waits for every rank's key, as connecting
             # does).
             cores = cores_per_rank(store, rank, size, self._label, timeout_s,
@@ -183,17 +186,18 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             cap = chunk_cap(cores)
             log.info("group %s: %.1f cores per rank, ring chunks up to %d KiB", self._label,
                      cores, cap >> 10)
-            group_id, socks = connect_mesh(store, rank, size, self._label, timeout_s, address,
-                                           self._global_ranks)
-            try:
-                check_claims(store, self._label)
-            except BaseException:
-                for s in socks.values():
-                    s.close()
-                raise
+            group_id, socks = connect_mesh(
+                store, rank, size, self._label, timeout_s, address, self._global_ranks,
+                before_close=lambda e: leave_word(store, self._label, me, e))
+            check_claims(store, self._label)
         except Exception as e:
+            leave_word(store, self._label, me, e)  # before a peer sees the sockets close
+            for s in socks.values():
+                s.close()
             self._end()
-            give_up(store, self._label, self._global_ranks[rank], e, size)
+            # Only the store's host waits for the others to read its word (a rank that waited
+            # on a store whose host had left made torch print a C++ trace).
+            give_up(store, self._label, me, e, size if hosts_the_store(me) else 0)
             raise setup_error(e) from e.__cause__
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
@@ -219,8 +223,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             return
         culprit = err.peer
         if (culprit is not None and culprit != self._rank and 0 <= culprit < self._size
-                and self._global_ranks[culprit] == 0
-                and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"):
+                and hosts_the_store(self._global_ranks[culprit])):
             # Global rank 0 hosts the store (unless torchrun's agent does): with rank 0 gone
             # nobody can read the word there, and writing it makes torch print a C++ trace.
             return

@@ -852,6 +852,42 @@ def test_a_rank_killed_while_the_group_connects_fails_the_others_at_once() -> No
     assert res[0].startswith("GaveUpError: mccl group"), res[0]
 
 
+def _top_rank_dies_before_it_listens(rank: int, w: int, port: int) -> str:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+    from mccl import process_group
+
+    if rank == w - 1:  # killed before it listens or dials: the others wait for its dials
+
+        def die(*args, **kwargs):
+            os._exit(17)
+
+        process_group.connect_mesh = die
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=3))
+        return "joined"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("w", [3, 5])
+def test_ranks_that_time_out_on_a_dead_rank_are_not_blamed_for_it(w: int) -> None:
+    """The top rank dies before anyone can dial it: the ranks connect among themselves and
+    wait for its dials until the group timeout (3 s here). The first to time out closes its
+    connections; the others, seeing them close, blamed it ("rank 0 closed its connection
+    ... it exited or was killed") though it lived. A rank now leaves its reason before its
+    connections close, and a rank that sees them close reads it: every survivor names the
+    dead rank."""
+    res = run_ranks(_top_rank_dies_before_it_listens, w, free_port(), init=False,
+                    timeout=60, expect_missing=(w - 1,))
+    for rank in range(w - 1):
+        assert res[rank].startswith(("TimeoutError: ", "GaveUpError: ")), (rank, res[rank])
+        assert f"ranks [{w - 1}] never connected to rank " in res[rank], (rank, res[rank])
+        assert "closed its connection" not in res[rank], (rank, res[rank])
+
+
 def _a_rank_dies_before_a_new_group(rank: int, w: int, port: int) -> str:
     import torch.distributed as dist
 

@@ -306,23 +306,46 @@ class GiveUpWatch:
             "torchrun's agent hosts it, may have exited: its own error says why)")
 
 
-def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
-            size: int = 0) -> None:
+def leave_word(store: Store, group_name: str, global_rank: int,
+               error: BaseException) -> None:
     """Leave word, for the group's other ranks (waiting, or still to come), that this rank
-    stopped waiting for the group and why (best effort: the store may be what failed). Then
-    wait until all ``size`` ranks have given up, at most ``GAVE_UP_LINGER_S``, so that a
-    store this process hosts is still there when the others look."""
+    stopped waiting for the group and why; once per rank and group (a second call keeps the
+    first reason). Best effort: the store may be what failed. A rank leaves it before it
+    closes its connections, so a peer that sees them close finds the reason
+    (``_Acceptor.hear_from``) and does not blame a rank that is alive."""
     ns = namespace(group_name)
+    key = f"{ns}{GAVE_UP_KEY}/{global_rank}"
     try:
-        store.set(f"{ns}{GAVE_UP_KEY}/{global_rank}", str(error))
+        if store.check([key]):
+            return
+        store.set(key, str(error))
         count = store.add(ns + GAVE_UP_COUNT, 1)
         store.set(f"{ns}{GAVE_UP_WHO}{count}", str(global_rank))
+    except Exception:  # noqa: BLE001
+        log.debug("could not leave the give-up note for group %s", group_name, exc_info=True)
+
+
+def hosts_the_store(global_rank: int) -> bool:
+    """Does this global rank's process host the job's store? Global rank 0's does under
+    torch's ``tcp://`` and ``env://`` rendezvous, unless torchrun's agent hosts it."""
+    return global_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
+
+def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
+            size: int = 0) -> None:
+    """Leave word that this rank gave up (``leave_word``), then wait until all ``size`` ranks
+    have given up, at most ``GAVE_UP_LINGER_S``, so that a store this process hosts is still
+    there when the others look."""
+    leave_word(store, group_name, global_rank, error)
+    ns = namespace(group_name)
+    try:
+        count = store.add(ns + GAVE_UP_COUNT, 0)
         deadline = time.monotonic() + GAVE_UP_LINGER_S
         while count < size and time.monotonic() < deadline:
             time.sleep(WAIT_POLL_MAX_S)
             count = store.add(ns + GAVE_UP_COUNT, 0)
     except Exception:  # noqa: BLE001
-        log.debug("could not leave the give-up note for group %s", group_name, exc_info=True)
+        log.debug("could not count the give-ups of group %s", group_name, exc_info=True)
 
 
 def _who_gave_up(store: Store, ns: str, seen: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -776,19 +799,23 @@ class _Acceptor:
                 if left <= 0:
                     missing = sorted(self.expected - set(self.socks))
                     raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}"
-                                       f"{self._heard_what}")
+                                       f" within the group's timeout{self._heard_what}")
                 self.cond.wait(min(left, GIVE_UP_LOOK_S))
             if watch is not None:
                 watch.look()
-            self.hear_from(dialled)
+            self.hear_from(dialled, watch)
 
-    def hear_from(self, dialled: dict[int, socket.socket]) -> None:
+    def hear_from(self, dialled: dict[int, socket.socket],
+                  watch: GiveUpWatch | None = None) -> None:
         """Raise ``PeerGoneError`` if a peer connected already (dialled, or accepted) has
         closed its connection, or sent an error frame blaming a rank this one still waits for:
         it died, or its own set-up ended and its first op failed on that rank, while this rank
         still waits for it (it may never come: a rank killed once its other dials were done is
         dialled by nobody). An error frame blaming anyone else fails the set-up only if the
-        missing ranks stay away ``REPORTED_FAILURE_GRACE_S`` longer."""
+        missing ranks stay away ``REPORTED_FAILURE_GRACE_S`` longer. A closed connection
+        raises ``watch``'s ``GaveUpError`` first where a rank gave up: a rank leaves its word
+        before it closes its connections (``leave_word``), so a rank that timed out is not
+        blamed as if it had died."""
         with self.cond:
             conns = {**dialled, **self.socks}
             missing = self.expected - set(self.socks)
@@ -800,6 +827,8 @@ class _Acceptor:
             if raw is None:
                 continue
             if not raw:
+                if watch is not None:
+                    watch.look(now=True)
                 raise PeerGoneError(f"rank {peer} closed its connection to rank {self.rank} "
                                     "before the group formed (it exited or was killed)")
             said = _reported_failure(raw, self.group)
@@ -883,9 +912,12 @@ def dial_order(rank: int) -> Sequence[int]:
 
 def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s: float,
                  address: str, members: Sequence[int] | None = None,
+                 before_close: Callable[[BaseException], None] | None = None,
                  ) -> tuple[int, dict[int, socket.socket]]:
     """Connect this rank to every other rank of the group; returns (group hash, sockets).
-    ``members``: the group's global ranks (see ``await_ranks``)."""
+    ``members``: the group's global ranks (see ``await_ranks``). ``before_close``: called
+    with the error when connecting fails, before this rank's connections close (to leave its
+    word: ``leave_word``)."""
     group = group_hash(group_name)
     if size == 1:
         return group, {}
@@ -912,7 +944,9 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
             for peer, addr in zip(order, addrs, strict=True):
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address, watch)
             socks.update(acceptor.wait(deadline, watch, socks))
-        except BaseException:
+        except BaseException as e:
+            if before_close is not None and isinstance(e, Exception):
+                before_close(e)
             for s in list(socks.values()) + list(acceptor.socks.values()):
                 s.close()
             raise
