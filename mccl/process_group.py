@@ -199,7 +199,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             # on a store whose host had left made torch print a C++ trace).
             give_up(store, self._label, me, e, size if hosts_the_store(me) else 0)
             raise setup_error(e) from e.__cause__
-        self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label, describe=describe)
+        self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label,
+                          describe=functools.partial(describe, global_ranks=self._global_ranks))
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
         self._store = store
         self._formed_at = time.monotonic()

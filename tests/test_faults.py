@@ -198,6 +198,20 @@ def _cases(rank: int):
             return outs is None or all(bool((o == i).all()) for i, o in enumerate(outs))
         return f
 
+    def a2a(from_0: int, to_last: int = 2):  # splits of 2 rows, but for rank 0 -> last
+        def f(g):
+            w, me = dist.get_world_size(g), dist.get_rank(g)
+            ins, outs = [2] * w, [2] * w
+            if me == 0:
+                ins[-1] = to_last
+            if me == w - 1:
+                outs[0] = from_0
+            out = torch.full((sum(outs),), -1.0)
+            dist.all_to_all_single(out, torch.full((sum(ins),), float(me)), outs, ins, group=g)
+            want = torch.cat([torch.full((k,), float(src)) for src, k in enumerate(outs)])
+            return torch.equal(out, want)
+        return f
+
     return {
         "op": (ar(8), bc(8, 0)),
         "op_ring": (ar(big), ag(big // 4)),
@@ -209,6 +223,11 @@ def _cases(rank: int):
         "redop": (ar(8), ar(8, op=R.MAX)),
         "root": (bc(8, 0), bc(8, 1)),
         "root_gather": (ga(8, 0), ga(8, 1)),
+        "count_gather": (ga(8, 0), ga(0, 0)),
+        # the last rank expects another count from rank 0 than rank 0 sends it
+        "splits": (a2a(2), a2a(3)),
+        "splits_to_zero": (a2a(2), a2a(0)),
+        "splits_from_zero": (a2a(0, to_last=0), a2a(2, to_last=0)),
     }
 
 
@@ -291,7 +310,8 @@ def test_mismatch_every_rank_errors(mismatch_run) -> None:
     number all get an error naming the mismatch, at 2, 3 and 4 ranks with one odd rank. In an
     op without a root, a rank whose part needed nothing from others may complete it; its
     result is then right, and its next op on the group raises. Ops with a root fail on every
-    rank."""
+    rank. A rank receiving a part of another count than it expects (all_to_all_single's
+    splits, zero on either side included) fails in that op."""
     rows = [row for r in mismatch_run for row in r["mismatch"]]
     assert len(rows) == len(_cases(0)) * (2 + 3 + 4)
     for name, n, me, op_ok, at, _, msg in rows:
@@ -303,6 +323,8 @@ def test_mismatch_every_rank_errors(mismatch_run) -> None:
         assert op_ok in (None, True), f"{where}: the op returned a wrong result"
         if name.startswith("root"):  # every rank waits for all to join an op with a root
             assert at == "op", f"{where}: the op itself did not fail ({msg})"
+        if name.startswith("splits") and me == n - 1:  # it receives the odd part: it knows
+            assert at == "op", f"{where}: the receiver's op did not fail ({msg})"
 
 
 def test_bad_input_is_clear_and_group_stays_usable(mismatch_run) -> None:
@@ -371,11 +393,13 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         g = dist.new_group(list(range(world)))
         t = torch.full((4,), float(rank))
         dist.all_reduce(t, group=g)
-        if case == "extra op":  # only rank 0 issues it: it sends, and waits for nothing
+        lone = None
+        if case == "extra op":  # only rank 0 issues it: it sends, and waits for the peers
             if rank == 0:
-                dist.all_to_all_single(torch.empty(0), torch.ones(world - 1),
-                                       output_split_sizes=[0] * world,
-                                       input_split_sizes=[0] + [1] * (world - 1), group=g)
+                lone = dist.all_to_all_single(torch.empty(0), torch.ones(world - 1),
+                                              output_split_sizes=[0] * world,
+                                              input_split_sizes=[0] + [1] * (world - 1),
+                                              group=g, async_op=True)
             dist.barrier()  # (sent before any peer says BYE: a send after it raises)
         elif case == "unreceived send":
             if rank == 0:
@@ -388,6 +412,12 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
         kept.clear()
         dist.destroy_process_group(g)
         found[case] = list(kept)
+        if lone is not None:  # it cannot complete: the peers never issued it
+            try:
+                lone.wait()
+                found["lone op"] = "completed"
+            except Exception as e:  # noqa: BLE001
+                found["lone op"] = f"{type(e).__name__}: {e}"
     # no logging set up that would show the 'mccl' logger: a RuntimeWarning instead
     logging.getLogger("mccl").removeHandler(keep)
 
@@ -412,8 +442,9 @@ def _unread_at_shutdown(rank: int, world: int) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_stray_data_is_reported_at_shutdown(world: int) -> None:
-    """An op that only sends completes (an all-to-all that receives nothing, issued by rank 0
-    alone; a send nobody receives); with no later op the data would go unread silently.
+    """Data nobody reads: an all-to-all issued by rank 0 alone (it fails there once the
+    peers leave: it waits for their parts, empty ones too), a send nobody receives (it
+    completes); with no later op the data would go unread silently.
     Destroying the group reads what the peers sent up to their BYE and logs each finding as an
     error (a RuntimeWarning where no logging shows the 'mccl' logger); a clean group reports
     nothing."""
@@ -423,8 +454,11 @@ def test_stray_data_is_reported_at_shutdown(world: int) -> None:
         warned = by_case["warned"]
         assert warned and all("never received" in m for m in warned), (rank, warned)
         extra = by_case["extra op"]
-        if rank == 0:
-            assert extra == [], extra
+        if rank == 0:  # its lone op fails as its peers leave, it does not complete
+            assert all("shut the group down while rank 0 still waits" in m for m in extra), \
+                extra
+            assert by_case["lone op"].startswith("CollectiveError"), by_case["lone op"]
+            assert "shut the group down" in by_case["lone op"], by_case["lone op"]
         else:
             assert len(extra) == 1 and "rank 0 issued op #2" in extra[0], extra
             assert "never issued" in extra[0], extra

@@ -155,9 +155,23 @@ def _disagreeing(c: Checker, rank: int, world: int) -> None:
         c.eq("all_reduce of the agreeing members", t, torch.full((4,), 3.0))
 
 
+def _roots_disagree(c: Checker, rank: int, world: int) -> None:
+    """In group [1, 3] rank 1 broadcasts from global rank 1, rank 3 from global rank 3: both
+    are told of the mismatch, with each root named as the group rank on the wire and as the
+    global rank the caller passed."""
+    g = dist.new_group([1, 3], timeout=timedelta(seconds=30))
+    if rank not in (1, 3):
+        return
+    t = torch.full((4,), float(rank))
+    c.raises("broadcast with roots that disagree", RuntimeError,
+             lambda: dist.broadcast(t, src=rank, group=g),
+             "collective mismatch", "root=0 (global 1)", "root=1 (global 3)")
+
+
 def _subgroups(rank: int, world: int) -> list[str]:
     c = Checker(rank)
-    for part in (_translation, _nested, _split, _concurrent, _disagreeing):
+    for part in (_translation, _nested, _split, _concurrent, _disagreeing,
+                     _roots_disagree):
         c.run(part.__name__, lambda part=part: part(c, rank, world))
         dist.barrier()
     return c.bad

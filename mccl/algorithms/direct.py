@@ -32,11 +32,9 @@ def all_to_all(ch: Channel, sends: list[np.ndarray], recvs: list[np.ndarray]) ->
         while queued < (s if pairwise else w - 1):
             queued += 1
             dst = (r + queued) % w
-            if sends[dst].size:
-                ch.send(dst, sends[dst])
+            ch.send(dst, sends[dst])
         src = (r - s) % w
-        if recvs[src].size:
-            ch.recv(src, recvs[src])
+        ch.recv(src, recvs[src])
     ch.flush()
 
 
@@ -46,9 +44,9 @@ def gather(ch: Channel, send: np.ndarray, recvs: list[np.ndarray] | None, root: 
         assert recvs is not None
         recvs[root][...] = send
         for src in range(ch.size):
-            if src != root and recvs[src].size:
+            if src != root:
                 ch.recv(src, recvs[src])
-    elif send.size:
+    else:
         ch.send(root, send)
     ch.flush()
 
@@ -58,10 +56,10 @@ def scatter(ch: Channel, sends: list[np.ndarray] | None, recv: np.ndarray, root:
     if ch.rank == root:
         assert sends is not None
         for dst in range(ch.size):
-            if dst != root and sends[dst].size:
+            if dst != root:
                 ch.send(dst, sends[dst])
         recv[...] = sends[root]
-    elif recv.size:
+    else:
         ch.recv(root, recv)
     ch.flush()
 
