@@ -77,7 +77,8 @@ _COUNTED = (Kind.ALL_REDUCE, Kind.BROADCAST, Kind.REDUCE, Kind.ALL_GATHER, Kind.
 def describe(sig: Signature, global_ranks: Sequence[int] | None = None) -> str:
     """Human form of a signature, e.g. ``all_reduce(SUM, torch.float32, 1000 elements)``.
     ``global_ranks``: a subgroup's global rank of each group rank, to name a root both ways
-    (``root=1 (global 5)``: torch's rooted calls take the global rank)."""
+    (``root=1 (global 5)``, ``root=0 (global 0)``: torch's rooted calls take the global
+    rank)."""
     try:
         name = Kind(sig.op).name.lower()
     except ValueError:
@@ -96,7 +97,7 @@ def describe(sig: Signature, global_ranks: Sequence[int] | None = None) -> str:
         count = sig.count // 2 if sig.dtype in _COMPLEX_CODES else sig.count
         parts.append(f"{count} elements")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
-        g = global_ranks[sig.root] if global_ranks and 0 <= sig.root < len(global_ranks) \
-            else sig.root
-        parts.append(f"root={sig.root}" if g == sig.root else f"root={sig.root} (global {g})")
+        known = global_ranks is not None and 0 <= sig.root < len(global_ranks)
+        parts.append(f"root={sig.root} (global {global_ranks[sig.root]})" if known
+                     else f"root={sig.root}")
     return f"{name}({', '.join(parts)})"

@@ -43,6 +43,7 @@ from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
 from .transport.rendezvous import (
     BoundedStore,
+    StoreFailedError,
     agree_members,
     check_claims,
     choose_address,
@@ -50,9 +51,11 @@ from .transport.rendezvous import (
     connect_mesh,
     cores_per_rank,
     give_up,
+    group_hash,
     hosts_the_store,
     leave_word,
     new_incarnation,
+    tell_connected,
     watch_liveness,
 )
 from .transport.tcp import PeerError
@@ -171,6 +174,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._member = new_incarnation(store, rank) if default else None
         me = self._global_ranks[rank]
         socks: dict = {}
+
+        def say(e: BaseException) -> None:
+            """Leave word of this rank's failure, except where the store failed: nobody
+            could read it there (and torch prints a C++ trace for each failed call)."""
+            if not isinstance(e, StoreFailedError):
+                leave_word(store, self._label, me, e)
+
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
             claim_rank(store, self._label, me)
             cfg = config.load()
@@ -188,19 +198,22 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                      cores, cap >> 10)
             group_id, socks = connect_mesh(
                 store, rank, size, self._label, timeout_s, address, self._global_ranks,
-                before_close=lambda e: leave_word(store, self._label, me, e))
+                before_close=say)
             check_claims(store, self._label)
         except Exception as e:
-            leave_word(store, self._label, me, e)  # before a peer sees the sockets close
+            say(e)  # before a peer sees the sockets close
+            tell_connected(socks.values(), group_hash(self._label), str(e))
             for s in socks.values():
                 s.close()
             self._end()
-            # Only the store's host waits for the others to read its word (a rank that waited
-            # on a store whose host had left made torch print a C++ trace).
-            give_up(store, self._label, me, e, size if hosts_the_store(me) else 0)
+            if not isinstance(e, StoreFailedError):
+                # Only the store's host waits for the others to read its word (a rank that
+                # waited on a store whose host had left made torch print a C++ trace).
+                give_up(store, self._label, me, e, size if hosts_the_store(me) else 0)
             raise setup_error(e) from e.__cause__
+        numbered = None if self._global_ranks == list(range(size)) else self._global_ranks
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label,
-                          describe=functools.partial(describe, global_ranks=self._global_ranks))
+                          describe=functools.partial(describe, global_ranks=numbered))
         self._engine = Engine(self._mesh, self._label, cap, self._global_ranks)
         self._store = store
         self._formed_at = time.monotonic()

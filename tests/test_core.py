@@ -953,13 +953,35 @@ def test_a_rank_killed_once_its_dials_are_done_fails_the_rank_still_waiting_for_
     store (their give-up, left also by a formed rank whose op failed), instead of waiting
     out the group timeout (600 s here; the test's own limit is 90 s). With ``gather`` their
     first op sends rank 0 data, so their error frames queue behind it, where rank 0 does
-    not look."""
+    not look. A formed rank whose op then waits on rank 0 gets rank 0's reason (an error
+    frame it writes before it closes its connections), not a reset blamed on rank 0."""
     res = run_ranks(_top_rank_dies_between_its_dials, 4, free_port(), first, init=False,
                     timeout=90, expect_missing=(3,))
     for rank in (1, 2):
         assert res[rank].startswith(("op: CollectiveError", "init: PeerGoneError: rank 3 ",
                                      "init: GaveUpError")), res[rank]
+        # rank 0 lives: it gave up waiting for rank 3 and says so on its connections before
+        # it closes them (a formed rank whose op waits on it took the reset for its death)
+        assert "[peer rank 0]" not in res[rank] and "rank 0 was reset" not in res[rank], \
+            res[rank]
     assert res[0].startswith(("init: PeerGoneError: rank ", "init: GaveUpError")), res[0]
+
+
+def test_a_store_that_fails_at_the_end_of_set_up_is_named() -> None:
+    """The last store call of a group's set-up (``check_claims``) failing, as when the
+    store's host exits then: the error names the store and its host, as every other wait's
+    does, instead of torch's bare DistNetworkError; it is a ``StoreFailedError``, for which a
+    rank leaves no word (the store cannot take it)."""
+    from mccl.transport.rendezvous import StoreFailedError, check_claims
+
+    class Gone(torch.distributed.HashStore):
+        def check(self, keys):
+            raise torch.distributed.DistNetworkError("Connection reset by peer")
+
+    with pytest.raises(StoreFailedError, match=r"mccl group 'g': the rendezvous store failed "
+                       r"while checking its ranks' claims: Connection reset by peer \(the "
+                       r"process hosting the store"):
+        check_claims(Gone(), "g")
 
 
 def _hold_dial_to_rank_0(signal: str, polls: int, then_s: float = 0.0) -> None:

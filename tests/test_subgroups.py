@@ -156,16 +156,18 @@ def _disagreeing(c: Checker, rank: int, world: int) -> None:
 
 
 def _roots_disagree(c: Checker, rank: int, world: int) -> None:
-    """In group [1, 3] rank 1 broadcasts from global rank 1, rank 3 from global rank 3: both
-    are told of the mismatch, with each root named as the group rank on the wire and as the
-    global rank the caller passed."""
-    g = dist.new_group([1, 3], timeout=timedelta(seconds=30))
-    if rank not in (1, 3):
-        return
-    t = torch.full((4,), float(rank))
-    c.raises("broadcast with roots that disagree", RuntimeError,
-             lambda: dist.broadcast(t, src=rank, group=g),
-             "collective mismatch", "root=0 (global 1)", "root=1 (global 3)")
+    """In group [1, 3] rank 1 broadcasts from global rank 1, rank 3 from global rank 3 (and
+    likewise in [0, 3]): both are told of the mismatch, with each root named as the group rank
+    on the wire and as the global rank the caller passed, also where the two are equal."""
+    for members in ([1, 3], [0, 3]):  # group rank 0 is global rank 0 in the second
+        g = dist.new_group(members, timeout=timedelta(seconds=30))
+        if rank not in members:
+            continue
+        t = torch.full((4,), float(rank))
+        c.raises(f"broadcast with roots that disagree in {members}", RuntimeError,
+                 lambda g=g, t=t: dist.broadcast(t, src=rank, group=g),
+                 "collective mismatch", f"root=0 (global {members[0]})",
+                 f"root=1 (global {members[1]})")
 
 
 def _subgroups(rank: int, world: int) -> list[str]:

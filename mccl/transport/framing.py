@@ -70,6 +70,14 @@ def pack_header(kind: int, sig: Signature, group: int, seq: int, length: int) ->
     )
 
 
+def error_frame(reason: str, group: int, seq: int = 0,
+                blamed: int = BLAME_NOBODY) -> tuple[bytes, bytes]:
+    """(header, payload) of an ERROR frame: why the sender gives up, blaming ``blamed``
+    (a group rank; -1: the sender itself, ``BLAME_NOBODY``: no rank)."""
+    text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
+    return pack_header(ERROR, Signature(0, root=blamed), group, seq, len(text)), text
+
+
 def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
     """Parse and bound-check a header; raises FrameError on anything malformed."""
     if len(raw) != HEADER_SIZE:

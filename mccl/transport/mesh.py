@@ -34,6 +34,7 @@ from .framing import (
     Header,
     Signature,
     after_states,
+    error_frame,
     pack_header,
     unpack_header,
 )
@@ -923,9 +924,8 @@ class Mesh:
         if self.failed:
             return
         self.failed = True
-        text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
         blamed = culprit if culprit is not None else (BLAME_NOBODY if nobody else -1)
-        header = pack_header(ERROR, Signature(0, root=blamed), self.group, seq, len(text))
+        header, text = error_frame(reason, self.group, seq, blamed)
         for p in self._live():
             if p.send_error is None and not p.eof:
                 try:

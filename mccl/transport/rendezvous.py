@@ -30,7 +30,7 @@ from typing import Protocol
 
 from . import handshake
 from .fdlimit import GROUP_EXTRA_FDS, make_room
-from .framing import ERROR, HEADER_SIZE, after_states
+from .framing import ERROR, HEADER_SIZE, after_states, error_frame
 from .ifaddrs import ipv6_addresses
 from .tcp import peek
 
@@ -196,6 +196,11 @@ class PeerGoneError(ConnectionError):
     still waited for its group to form: the group cannot form."""
 
 
+class StoreFailedError(ConnectionError):
+    """The rendezvous store failed while the group formed (its host may have exited): the
+    group cannot form, and no word left in that store would reach anyone."""
+
+
 class GaveUpError(ConnectionError):
     """A rank of the group stopped waiting for it (its reason is in the message): the group
     cannot form, so the ranks still waiting give up too instead of waiting out the timeout."""
@@ -299,11 +304,16 @@ class GiveUpWatch:
         if why is not None:
             raise PeerGoneError(f"mccl group '{self.group}' cannot form: {why}")
 
-    def store_failed(self, e: BaseException) -> ConnectionError:
-        return ConnectionError(
-            f"mccl group '{self.group}': the rendezvous store failed while waiting for "
-            f"{self.waiting_for}: {e} (the process hosting the store, rank 0 unless "
-            "torchrun's agent hosts it, may have exited: its own error says why)")
+    def store_failed(self, e: BaseException) -> StoreFailedError:
+        return store_failed(self.group, f"waiting for {self.waiting_for}", e)
+
+
+def store_failed(group: str, when: str, e: BaseException) -> StoreFailedError:
+    """The error for a store call of group ``group``'s set-up that failed (``when``)."""
+    return StoreFailedError(
+        f"mccl group '{group}': the rendezvous store failed while {when}: {e} (the process "
+        "hosting the store, rank 0 unless torchrun's agent hosts it, may have exited: its own "
+        "error says why)")
 
 
 def leave_word(store: Store, group_name: str, global_rank: int,
@@ -469,8 +479,12 @@ def check_claims(store: Store, group_name: str) -> None:
     """End of forming a group: raise if a rank of it was claimed twice meanwhile
     (``claim_rank``): the ranks that formed it may belong to different jobs."""
     key = f"{namespace(group_name)}{CLAIMED_TWICE_KEY}"
-    if store.check([key]):
-        raise RuntimeError(store.get(key).decode("utf-8", "replace"))
+    try:
+        twice = store.get(key).decode("utf-8", "replace") if store.check([key]) else None
+    except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError and kin
+        raise store_failed(group_name, "checking its ranks' claims", e) from e
+    if twice is not None:
+        raise RuntimeError(twice)
 
 
 def _ifname_address(ifname: str) -> str | None:
@@ -904,6 +918,20 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
     raise TimeoutError(f"rank {rank} could not connect to rank {peer} at {addr}: {last}")
 
 
+def tell_connected(socks: Collection[socket.socket], group: int, reason: str) -> None:
+    """Write this rank's reason for giving up as an ERROR frame onto each connection it made,
+    before they close: a peer whose own set-up finished reads it in its first op, instead of
+    a reset that looks as if this rank had died (it lives: it gave up); a peer still forming
+    sees the frame, and this rank's word in the store (``leave_word``). Never blocks: a
+    connection whose buffer is full gets nothing."""
+    header, text = error_frame(reason, group)
+    for s in socks:
+        try:
+            s.send(header + text, socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+
+
 def dial_order(rank: int) -> Sequence[int]:
     """The peers ``rank`` dials (those below it), nearest first: rank r's first dial goes to
     r - 1, so no rank gets every rank's first dial at once (``LISTEN_BACKLOG``)."""
@@ -947,7 +975,9 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         except BaseException as e:
             if before_close is not None and isinstance(e, Exception):
                 before_close(e)
-            for s in list(socks.values()) + list(acceptor.socks.values()):
+            made = list(socks.values()) + list(acceptor.socks.values())
+            tell_connected(made, group, str(e) or type(e).__name__)
+            for s in made:
                 s.close()
             raise
         finally:
