@@ -585,6 +585,24 @@ class Engine:
         g = self.global_ranks[r] if 0 <= r < len(self.global_ranks) else r
         return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
 
+    def waiting_text(self, seq: int) -> str:
+        """What collective ``seq`` waits for now, for a ``Work.wait`` that timed out (any
+        thread; a snapshot): the peer its running op has heard nothing from, or the op it is
+        queued behind."""
+        mesh = self.mesh
+        cur, silent = mesh.cur_seq, mesh.silent
+        if not seq or seq <= mesh.done_seq:
+            return ""
+        if not cur or cur > seq:
+            return f"op #{seq} is queued"
+        head = f"op #{seq} is running" if cur == seq else \
+            f"op #{seq} is queued behind op #{cur}, which is running"
+        if silent is None:
+            return head
+        r, since = silent
+        return (f"{head} and waits for {self._rank(r)}, silent for "
+                f"{time.monotonic() - since:.1f}s")
+
     def _where(self, job: Job) -> str:
         op = f"op #{job.seq}" if job.collective else "p2p"
         return f"mccl {job.name} ({op}) on {self._rank(self.mesh.rank)} of group '{self.label}'"

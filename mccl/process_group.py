@@ -501,6 +501,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         inline = (collective and self._coalesced is None and blocking
                   and (device is None or device.type in INLINE_DEVICE_TYPES))
         self._engine.submit(job, inline=inline)
+        if collective:  # (a weak reference: a Work kept after destroy keeps no engine alive)
+            engine, seq = weakref.ref(self._engine), job.seq
+            work.waiting = lambda: e.waiting_text(seq) if (e := engine()) is not None else ""
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -11,6 +11,7 @@ import copy
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -170,6 +171,8 @@ class Work(dist.Work):
         self._raw: torch.futures.Future | None = None  # made by _raw_future()
         self._future: torch.futures.Future | None = None  # made by get_future()
         self._gate = None  # callable run on wait() by the waiting thread (device O2)
+        #: ``() -> str``: what the op waits for now, named when ``wait(timeout)`` times out.
+        self.waiting: Callable[[], str] | None = None
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
         self._callbacks_lock = threading.Lock()
 
@@ -254,8 +257,9 @@ class Work(dist.Work):
         secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
                 else float(timeout or 0))
         if not self._latch.acquire(timeout=secs if secs > 0 else -1):
-            raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s",
-                                  op=self.op)
+            where = self.waiting() if self.waiting is not None else ""
+            raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s"
+                                  f"{f' ({where})' if where else ''}", op=self.op)
         self._latch.release()
 
     def _await_future(self) -> None:

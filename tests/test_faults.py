@@ -673,6 +673,40 @@ def test_a_rank_later_than_the_timeout_fails_the_op_its_peers_failed(size: int) 
         assert "op #1" in res[rank] and "rank 1" in res[rank], res[rank]
 
 
+def _a_wait_that_times_out(rank: int, world: int) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(2.5)  # its peer's ops wait for it meanwhile
+    first = dist.all_reduce(torch.ones(1000), async_op=True)
+    second = dist.all_reduce(torch.ones(10), async_op=True)
+    said = []
+    if rank == 0:
+        for work in (second, first):
+            try:
+                work.wait(timeout=timedelta(seconds=1.2))
+                said.append("completed")
+            except Exception as e:  # noqa: BLE001 - the message is what is checked
+                said.append(f"{type(e).__name__}: {e}")
+    first.wait()
+    second.wait()
+    return said
+
+
+def test_a_wait_that_times_out_says_what_the_op_waits_for() -> None:
+    """``work.wait(timeout)`` that runs out names what the op is doing: queued behind the
+    running op, which waits for a silent rank (here rank 1, 2.5 s late), or running itself;
+    the op goes on and completes once the rank comes."""
+    said = run_ranks(_a_wait_that_times_out, 2, timeout=60)[0]
+    assert said[0].startswith("CollectiveError: mccl all_reduce: wait() timed out after 1.2s "
+                              "(op #2 is queued behind op #1, which is running and waits for "
+                              "rank 1, silent for "), said
+    assert said[1] == "completed" or said[1].startswith(
+        "CollectiveError: mccl all_reduce: wait() timed out after 1.2s (op #1 is running and "
+        "waits for rank 1"), said
+
+
 def _shorter_timeout(rank: int, world: int) -> str:
     """The group starts with a 60 s timeout; ``set_timeout`` shortens it to 2 s on both ranks.
     Rank 1 then joins an all-reduce 6 s late: rank 0 must give up on it after the new timeout

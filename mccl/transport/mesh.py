@@ -130,6 +130,9 @@ class Mesh:
         # What this rank is doing (comm thread): current op (seq 0 outside collectives), the
         # last completed collective, and the signatures of recent ones.
         self.cur_seq = 0
+        #: (rank, since when) of the peer the running op has heard nothing from for
+        #: ``probe_s`` or more (``_stalled``); None otherwise. Read by ``waiting_text``.
+        self.silent: tuple[int, float] | None = None
         self.cur_sig = Signature(0)
         self.done_seq = 0
         self._hist: list[tuple[int, Signature] | None] = [None] * HISTORY
@@ -177,6 +180,7 @@ class Mesh:
         sent for it before this rank got here."""
         self.cur_seq = seq
         self.cur_sig = sig
+        self.silent = None
         self._held.clear()
         self._reader = threading.current_thread()
         if seq:
@@ -193,6 +197,7 @@ class Mesh:
                 for pr in self.posted:
                     pr.since = now
         self.cur_seq = 0
+        self.silent = None
         self._reader = None
 
     def op_failed(self) -> None:
@@ -713,6 +718,7 @@ class Mesh:
         if stall is None or stall[1] != got:
             stall = [now - self.probe_s if stall is None else now, got]
         waited = now - stall[0]
+        self.silent = (p.rank, stall[0])
         if waited >= self.timeout_s and not self._excused(p, waited):
             raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
                                     f"(group timeout){self._waits_on_us(p)}"
