@@ -45,9 +45,11 @@ from .transport.rendezvous import (
     BoundedStore,
     StoreFailedError,
     agree_members,
+    await_give_ups,
     check_claims,
     choose_address,
     claim_rank,
+    close_telling,
     connect_mesh,
     cores_per_rank,
     give_up,
@@ -55,7 +57,6 @@ from .transport.rendezvous import (
     hosts_the_store,
     leave_word,
     new_incarnation,
-    tell_connected,
     watch_liveness,
 )
 from .transport.tcp import PeerError
@@ -202,14 +203,12 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             check_claims(store, self._label)
         except Exception as e:
             say(e)  # before a peer sees the sockets close
-            tell_connected(socks.values(), group_hash(self._label), str(e))
-            for s in socks.values():
-                s.close()
+            close_telling(socks.values(), group_hash(self._label), e)
             self._end()
-            if not isinstance(e, StoreFailedError):
+            if hosts_the_store(me) and not isinstance(e, StoreFailedError):
                 # Only the store's host waits for the others to read its word (a rank that
                 # waited on a store whose host had left made torch print a C++ trace).
-                give_up(store, self._label, me, e, size if hosts_the_store(me) else 0)
+                await_give_ups(store, self._label, size)
             raise setup_error(e) from e.__cause__
         numbered = None if self._global_ranks == list(range(size)) else self._global_ranks
         self._mesh = Mesh(rank, size, group_id, socks, timeout_s, self._label,

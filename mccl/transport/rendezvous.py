@@ -343,10 +343,17 @@ def hosts_the_store(global_rank: int) -> bool:
 
 def give_up(store: Store, group_name: str, global_rank: int, error: BaseException,
             size: int = 0) -> None:
-    """Leave word that this rank gave up (``leave_word``), then wait until all ``size`` ranks
-    have given up, at most ``GAVE_UP_LINGER_S``, so that a store this process hosts is still
-    there when the others look."""
+    """Leave word that this rank gave up (``leave_word``), then ``await_give_ups``."""
     leave_word(store, group_name, global_rank, error)
+    await_give_ups(store, group_name, size)
+
+
+def await_give_ups(store: Store, group_name: str, size: int) -> None:
+    """Wait until all ``size`` ranks have given up (``leave_word``), at most
+    ``GAVE_UP_LINGER_S``, so that a store this process hosts is still there when the others
+    look (``size`` 0: return at once)."""
+    if size <= 0:
+        return
     ns = namespace(group_name)
     try:
         count = store.add(ns + GAVE_UP_COUNT, 0)
@@ -918,18 +925,19 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
     raise TimeoutError(f"rank {rank} could not connect to rank {peer} at {addr}: {last}")
 
 
-def tell_connected(socks: Collection[socket.socket], group: int, reason: str) -> None:
-    """Write this rank's reason for giving up as an ERROR frame onto each connection it made,
-    before they close: a peer whose own set-up finished reads it in its first op, instead of
-    a reset that looks as if this rank had died (it lives: it gave up); a peer still forming
-    sees the frame, and this rank's word in the store (``leave_word``). Never blocks: a
-    connection whose buffer is full gets nothing."""
-    header, text = error_frame(reason, group)
+def close_telling(socks: Collection[socket.socket], group: int, error: BaseException) -> None:
+    """Close the connections of a set-up that failed with ``error``, first writing it as an
+    ERROR frame onto each: a peer whose own set-up finished reads it in its first op, instead
+    of a reset that looks as if this rank had died (it lives: it gave up); a peer still
+    forming sees the frame, and this rank's word in the store (``leave_word``). Never blocks:
+    a connection whose buffer is full gets no frame."""
+    header, text = error_frame(str(error) or type(error).__name__, group)
     for s in socks:
         try:
             s.send(header + text, socket.MSG_DONTWAIT)
         except OSError:
             pass
+        s.close()
 
 
 def dial_order(rank: int) -> Sequence[int]:
@@ -975,10 +983,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         except BaseException as e:
             if before_close is not None and isinstance(e, Exception):
                 before_close(e)
-            made = list(socks.values()) + list(acceptor.socks.values())
-            tell_connected(made, group, str(e) or type(e).__name__)
-            for s in made:
-                s.close()
+            close_telling(list(socks.values()) + list(acceptor.socks.values()), group, e)
             raise
         finally:
             acceptor.stop = True
