@@ -859,7 +859,7 @@ class _Acceptor:
             now = time.monotonic()
             if self._heard is None:
                 self._heard = now
-                self._heard_what = f" (rank {peer} meanwhile failed its first op: {reason})"
+                self._heard_what = f" (rank {peer} meanwhile gave up: {reason})"
             if blamed in missing or now - self._heard >= REPORTED_FAILURE_GRACE_S:
                 raise PeerGoneError(f"rank {peer} failed before the group formed at rank "
                                     f"{self.rank}: {reason}")
