@@ -47,20 +47,20 @@ def dtype_code(dtype: torch.dtype) -> int:
 _REAL_OF = {getattr(torch, c): getattr(torch, r) for c, r in (
     ("complex64", "float32"), ("complex128", "float64"), ("complex32", "float16"))
     if hasattr(torch, c)}
-_COMPLEX_CODES = frozenset(DTYPE_CODE[c] for c in _REAL_OF)
 
 
 def wire_dtype(t: torch.Tensor) -> torch.dtype:
-    """The dtype of ``t`` as the caller's program has it, for the op's signature. torch hands
-    the process group a complex tensor as its real view (pairs in a trailing dimension of 2),
-    so complex64[n] on one rank and float32[2n] on another would otherwise look alike and
-    be reduced into each other without a word."""
-    if t._is_view():
-        base = t._base
-        if (base is not None and _REAL_OF.get(base.dtype) == t.dtype and t.dim()
-                and t.shape[-1] == 2 and t.stride(-1) == 1):
-            return base.dtype
-    return t.dtype
+    """The dtype of ``t``'s elements on the wire, for the op's signature. A complex tensor
+    travels as its real and imaginary parts: torch hands most ops its real view
+    (``torch.view_as_real``), and a view the caller made looks the same, so complex64[n] and
+    float32[n, 2] are one and the same data (as on gloo), and a float32 tensor is always
+    float32 whatever it is a view of."""
+    return _REAL_OF.get(t.dtype, t.dtype)
+
+
+def wire_numel(t: torch.Tensor) -> int:
+    """``t``'s element count on the wire (a complex element is two real ones)."""
+    return t.numel() * 2 if t.dtype in _REAL_OF else t.numel()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -93,9 +93,7 @@ def describe(sig: Signature, global_ranks: Sequence[int] | None = None) -> str:
         known = DTYPES[sig.dtype - 1] if sig.dtype <= len(DTYPES) else None
         parts.append(str(known) if known is not None else "dtype?")
     if sig.count or sig.op in _COUNTED:  # "0 elements" matters in a count mismatch
-        # a complex tensor's count is of its real view's elements (see ``wire_dtype``)
-        count = sig.count // 2 if sig.dtype in _COMPLEX_CODES else sig.count
-        parts.append(f"{count} elements")
+        parts.append(f"{sig.count} elements")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
         known = global_ranks is not None and 0 <= sig.root < len(global_ranks)
         parts.append(f"root={sig.root} (global {global_ranks[sig.root]})" if known

@@ -37,7 +37,7 @@ from .device.strided import (
 from .engine import Engine, Job
 from .errors import CollectiveError, setup_error
 from .monitor import monitored_barrier
-from .ops import Kind, describe, signature, wire_dtype
+from .ops import Kind, describe, signature, wire_dtype, wire_numel
 from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
@@ -580,7 +580,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         t = self._one(op_name, tensors)
         root = self._root(op_name, root)
         device = self._device_of(op_name, [t])
-        sig = signature(Kind.BROADCAST, wire_dtype(t), root=root, count=t.numel())
+        sig = signature(Kind.BROADCAST, wire_dtype(t), root=root, count=wire_numel(t))
         is_root = self.rank() == root
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
@@ -616,7 +616,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                              f"the group has {self.size()} ranks")
         self._same_dtype(op_name, outs + [inp])
         self._numel_is(op_name, f"output[{self.rank()}]", outs[self.rank()], inp.numel())
-        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=sum(o.numel() for o in outs))
+        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=sum(wire_numel(o) for o in outs))
         outs, refused = self._copied_into(op_name, outs)
         n = len(outs)
         run = coll.AllGather(flat=False)
@@ -629,7 +629,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, [output, inp])
         w = self.size()
         self._numel_is(op_name, "output", output, inp.numel() * w)
-        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=output.numel())
+        sig = signature(Kind.ALL_GATHER, wire_dtype(inp), count=wire_numel(output))
         (output,), refused = self._copied_into(op_name, [output])
         run = coll.AllGather(flat=True)
         own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
@@ -673,7 +673,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         inp = self._one(op_name, input_tensors)
         is_root = self.rank() == root
         outs = self._root_list(op_name, output_tensors, root, "gather list", inp)
-        sig = signature(Kind.GATHER, wire_dtype(inp), root=root, count=inp.numel())
+        sig = signature(Kind.GATHER, wire_dtype(inp), root=root, count=wire_numel(inp))
         outs, refused = self._copied_into(op_name, outs)
         n, scratch = len(outs), self._engine.scratch
         return self._submit(op_name, sig,
@@ -689,7 +689,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         out = self._one(op_name, output_tensors)
         is_root = self.rank() == root
         ins = self._root_list(op_name, input_tensors, root, "scatter list", out)
-        sig = signature(Kind.SCATTER, wire_dtype(out), root=root, count=out.numel())
+        sig = signature(Kind.SCATTER, wire_dtype(out), root=root, count=wire_numel(out))
         n, scratch = len(ins), self._engine.scratch
         return self._submit(op_name, sig,
                             lambda ch, h: coll.scatter(ch, h[n], h[:n] if is_root else None, root,

@@ -182,9 +182,9 @@ def _cases(rank: int):
             return all(bool((o == i).all()) for i, o in enumerate(outs))
         return f
 
-    def arc(n):  # complex64: the bytes of 2n float32, as torch hands it over (real view)
+    def arc(n, dtype=torch.complex64):  # as torch hands it over: its real view
         def f(g):
-            t = torch.full((n,), complex(rank + 1, 1), dtype=torch.complex64)
+            t = torch.full((n,), complex(rank + 1, 1), dtype=dtype)
             dist.all_reduce(t, group=g)
             w = dist.get_world_size(g)
             return bool((t == complex(w * (w + 1) // 2, w)).all())
@@ -219,7 +219,7 @@ def _cases(rank: int):
         "count_ring": (ar(big), ar(big + 4)),
         "count_zero": (ar(8), ar(0)),
         "dtype": (ar(8), ar(8, torch.int32)),
-        "dtype_complex": (ar(8), arc(4)),
+        "dtype_complex": (arc(4), arc(4, torch.complex128)),
         "redop": (ar(8), ar(8, op=R.MAX)),
         "root": (bc(8, 0), bc(8, 1)),
         "root_gather": (ga(8, 0), ga(8, 1)),
@@ -798,6 +798,7 @@ def _p2p_dtypes(rank: int, world: int) -> list[str]:
 
     out = []
     for sent, into in ((torch.ones(4), torch.zeros(4, dtype=torch.int32)),
+                       (torch.ones(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.float64)),
                        (torch.ones(2, dtype=torch.complex64), torch.zeros(4))):
         g = dist.new_group([0, 1], timeout=timedelta(seconds=30))
         try:
@@ -814,16 +815,50 @@ def _p2p_dtypes(rank: int, world: int) -> list[str]:
 
 def test_a_message_received_into_another_dtype_is_refused() -> None:
     """A send and its receive of the same bytes but different dtypes (float32 into int32;
-    complex64, which torch hands over as float pairs, into float32): the receive fails
-    naming both dtypes, instead of reading the bits as the other type, and the sender's
-    next op on the group fails too."""
+    complex64, whose parts are float32, into float64): the receive fails naming both dtypes,
+    instead of reading the bits as the other type, and the sender's next op on the group
+    fails too. complex64 into float32 pairs is the same data, as on gloo: received."""
     res = run_ranks(_p2p_dtypes, 2, timeout=120, pg_timeout_s=30)
-    for pair, (sender, receiver) in enumerate(zip(res[0], res[1], strict=True)):
+    *refused, same_data = zip(res[0], res[1], strict=True)
+    for pair, (sender, receiver) in enumerate(refused):
         assert receiver.startswith("CollectiveError") and "another dtype" in receiver, receiver
-        names = [("torch.float32", "torch.int32"), ("torch.complex64", "torch.float32")][pair]
+        names = [("torch.float32", "torch.int32"), ("torch.float32", "torch.float64")][pair]
         for name in names:
             assert name in receiver, receiver
         assert sender.startswith("CollectiveError"), sender  # its barrier: told by rank 1
+    assert same_data == ("NO ERROR ", "NO ERROR [1.0, 0.0, 1.0, 0.0]")
+
+
+def _complex_pairs(rank: int, world: int) -> list[list[float]]:
+    import torch
+    import torch.distributed as dist
+
+    z = torch.tensor([1 + 2j, 3 + 4j, 5j], dtype=torch.complex64)
+    # rank 0 passes float views of a complex tensor, the others plain float32 tensors
+    mine = (lambda: torch.view_as_real(z.clone())) if rank == 0 else (
+        lambda: torch.view_as_real(z).clone())
+    t = mine()
+    dist.all_reduce(t)
+    got = [t.flatten().tolist()]
+    t = mine() * (rank + 1)
+    dist.broadcast(t, src=world - 1)
+    got.append(t.flatten().tolist())
+    outs = [mine() for _ in range(world)]
+    dist.all_gather(outs, mine() + rank)
+    got.append(torch.cat(outs).flatten().tolist())
+    return got
+
+
+def test_a_float_view_of_a_complex_tensor_is_float() -> None:
+    """A float32 view of a complex tensor (``torch.view_as_real``) on one rank meets plain
+    float32 tensors on the others: the same dtype, as on gloo (it used to be signed as
+    complex64 and fail as a mismatch naming a dtype no rank passed)."""
+    world = 3
+    res = run_ranks(_complex_pairs, world, timeout=120, pg_timeout_s=30)
+    pairs = [1.0, 2.0, 3.0, 4.0, 0.0, 5.0]
+    want = [[world * v for v in pairs], [world * v for v in pairs],
+            [v + r for r in range(world) for v in pairs]]
+    assert res == [want] * world
 
 
 def _outcome(call) -> str:
