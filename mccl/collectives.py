@@ -70,8 +70,9 @@ def _numpy_view(t: torch.Tensor, dtype: np.dtype, n: int) -> np.ndarray:
     """``n`` elements of ``dtype`` from the start of contiguous ``t``, without a copy, and
     without a torch op: torch's tensor ops (``view``, ``reshape``, ``detach``) release the GIL,
     and once an op's first sends are queued its sender thread takes it there, so each such
-    call can cost the op a thread hand-off (a ``reshape`` in reduce-scatter's second part
-    measured 100-270 us per 1 MB op on 2 loopback ranks of the 2-core machine)."""
+    call can cost the op a thread hand-off where cores are short (on the loaded 2-core
+    machine a ``reshape`` in reduce-scatter's second part cost 65 us per 1 MB op on 2 loopback
+    ranks; on the 16-core H200 machine the difference did not show, ``call_s38a/``)."""
     _require_contiguous(t)
     if n == 0:
         return np.empty(0, dtype=dtype)

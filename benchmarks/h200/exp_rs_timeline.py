@@ -3,6 +3,10 @@ spends the ~250 us it takes beyond an all-gather of the same size. Times blockin
 back, then records one rank's per-chunk timeline (recv waits, reduces, sends) for a few ops.
 
     python benchmarks/h200/exp_rs_timeline.py OUT_JSON [variant ...]   (root, iproute2)
+
+Variants: ``base``; ``nopool`` (reduce-scatter's small-buffer pool off); ``torchviews``
+(thirty-eighth session: the torch view calls that all-reduce's and reduce-scatter's host
+paths made before 6ee3616, put back at the same points, each releasing the GIL once).
 """
 
 from __future__ import annotations
@@ -18,6 +22,24 @@ SIZE = 1 << 20
 WARM, TIMED, TRACED = 30, 200, 5
 
 
+def _torch_views() -> None:
+    """Put back the torch calls of the host paths before 6ee3616: ``detach().view(-1)`` of an
+    all-reduce's tensor, ``reshape(-1)`` of a reduce-scatter's output (in its second part)."""
+    from mccl import collectives as coll
+
+    rs_finish, red_init = coll.ReduceScatter.finish, coll._Reducible.__init__
+
+    def finish(self, ch, hosts):
+        (hosts[0] if self.flat else hosts[-1]).reshape(-1)
+        rs_finish(self, ch, hosts)
+
+    def init(self, t, copy):
+        t.detach().view(-1)
+        red_init(self, t, copy)
+
+    coll.ReduceScatter.finish, coll._Reducible.__init__ = finish, init
+
+
 def _rank(rank: int, w: int, variant: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -26,6 +48,8 @@ def _rank(rank: int, w: int, variant: str) -> dict:
 
     if variant == "nopool":
         ring.REDUCE_SCATTER_POOL_SLOTS = 0
+    if variant == "torchviews":
+        _torch_views()
     n = SIZE // 4
     inp, out = torch.ones(n), torch.empty(n // w)
     agout, big = torch.empty(n), torch.ones(n)
