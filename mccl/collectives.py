@@ -42,8 +42,6 @@ def _require_contiguous(t: torch.Tensor) -> None:
                            "reached the exchange (the hand-off makes contiguous copies)")
 
 
-
-
 class _Memory:
     """A contiguous CPU tensor's memory as numpy takes it (``__array_interface__``), kept
     alive by the array made from it. Why not ``Tensor.numpy()``: it marks the tensor's storage

@@ -840,11 +840,11 @@ def _complex_pairs(rank: int, world: int) -> list[list[float]]:
     t = mine()
     dist.all_reduce(t)
     got = [t.flatten().tolist()]
-    t = mine() * (rank + 1)
+    t = mine().mul_(rank + 1)  # in place: still rank 0's view
     dist.broadcast(t, src=world - 1)
     got.append(t.flatten().tolist())
     outs = [mine() for _ in range(world)]
-    dist.all_gather(outs, mine() + rank)
+    dist.all_gather(outs, mine().add_(rank))
     got.append(torch.cat(outs).flatten().tolist())
     return got
 
