@@ -38,7 +38,7 @@ import torch
 
 from .algorithms.base import Scratch
 from .device import Handoff
-from .device.strided import byte_span, spans_meet
+from .device.strided import SpanIndex, byte_span, spans_meet
 from .errors import CollectiveError
 from .transport.framing import DATA, Signature, pack_header
 from .transport.mesh import MISMATCH, Mesh, MismatchError
@@ -233,7 +233,7 @@ Done = Callable[..., None]
 Park = Callable[[OpChannel, list[torch.Tensor], Done], None]
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One op: what to run on the comm thread once the device hand-off is acquired."""
 
@@ -274,6 +274,46 @@ def _overlap(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return any(spans_meet(mine, s) for mine in map(byte_span, a) for s in theirs)
 
 
+class _Parked:
+    """The parked jobs, oldest first, with their tensors' byte ranges indexed: whether a new
+    op shares memory with one stays cheap with thousands of receives posted."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[Job, list[tuple[int, int]]] = {}
+        self._index = SpanIndex()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job: Job) -> bool:
+        return job in self._jobs
+
+    def add(self, job: Job) -> None:
+        spans = [byte_span(t) for t in job.tensors]
+        self._jobs[job] = spans
+        self._index.add(spans)
+
+    def remove(self, job: Job) -> bool:
+        """Take ``job`` out; False if it was not parked (it failed meanwhile)."""
+        spans = self._jobs.pop(job, None)
+        if spans is None:
+            return False
+        self._index.remove(spans)
+        return True
+
+    def oldest(self) -> Job:
+        return next(iter(self._jobs))
+
+    def take_all(self) -> list[Job]:
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        self._index = SpanIndex()
+        return jobs
+
+    def share_memory_with(self, tensors: list[torch.Tensor]) -> bool:
+        return bool(self._jobs) and any(self._index.meets(byte_span(t)) for t in tensors)
+
+
 class Engine:
     """Comm thread + ordered queue of one process group."""
 
@@ -304,7 +344,7 @@ class Engine:
         self.early_starts = 0  # ops whose first sends went out early (tests read it)
         # Parked jobs (comm thread; counted in _busy until they finish) and those that have
         # finished, with their outcome (appended by any thread, settled by the comm thread).
-        self._parked: list[Job] = []
+        self._parked = _Parked()
         self._landed: deque[tuple[Job, BaseException | None, int]] = deque()
         self._serving = False  # the comm thread waits in Mesh.serve (guarded by _seq_lock)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -393,7 +433,8 @@ class Engine:
                 self.mesh.serve(self.mesh.probe_s, self._wake_r)
         except BaseException as e:  # noqa: BLE001 - fails the parked ops and the group
             if self._parked:  # the oldest takes the blame; the rest fail with it
-                job = self._parked.pop(0)
+                job = self._parked.oldest()
+                self._parked.remove(job)
                 self._fail(job, e)
                 self._count_done()
         finally:
@@ -414,9 +455,8 @@ class Engine:
         shutting the group down once the comm thread has stopped."""
         while self._landed:
             job, error, source = self._landed.popleft()
-            if job not in self._parked:
+            if not self._parked.remove(job):
                 continue  # failed meanwhile (the group broke)
-            self._parked.remove(job)
             if error is None and self.error is None:
                 try:
                     job.handoff.release()
@@ -434,8 +474,7 @@ class Engine:
 
     def _fail_parked(self, error: CollectiveError | None = None) -> None:
         """Fail every parked job: the group broke (``self.error``) or shut down (``error``)."""
-        parked, self._parked = self._parked, []
-        for job in parked:
+        for job in self._parked.take_all():
             self._fail_later(job, error)
             self._count_done()
 
@@ -491,7 +530,7 @@ class Engine:
                     if job.start is not None:
                         job.start(ch, hosts)
                 if job.park is not None:
-                    self._parked.append(job)
+                    self._parked.add(job)
                     job.park(ch, hosts, lambda error=None, source=-1:
                              self._land(job, error, source))
                     mesh.end_op()
@@ -504,8 +543,7 @@ class Engine:
                 job.handoff.release()
                 mesh.end_op()
         except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
-            if job in self._parked:
-                self._parked.remove(job)
+            self._parked.remove(job)
             self._fail(job, e)
             if not isinstance(e, Exception) and threading.current_thread() is not self._thread:
                 raise  # Ctrl-C (or SystemExit) in an op run inline: the caller's, unwrapped
@@ -517,8 +555,7 @@ class Engine:
         """Ops on one tensor run in issue order: before ``job`` runs, a parked op on a tensor
         it shares waits to finish (serving the sockets meanwhile; a failure there breaks the
         group, and ``job`` then fails in its turn)."""
-        while self.error is None and any(_overlap(job.tensors, p.tensors)
-                                         for p in self._parked):
+        while self.error is None and self._parked.share_memory_with(job.tensors):
             self._serve(idle=False)
 
     def _fail(self, job: Job, e: BaseException) -> None:
@@ -566,7 +603,7 @@ class Engine:
             return
         try:
             if (not job.handoff.ready_now() or _overlap(job.tensors, running.tensors)
-                    or any(_overlap(job.tensors, p.tensors) for p in self._parked)):
+                    or self._parked.share_memory_with(job.tensors)):
                 return  # (a parked op on its tensor must finish first: issue order)
         except Exception:  # noqa: BLE001 - not started early; its own turn reports any error
             return

@@ -42,11 +42,14 @@ from .reduce import Op, check
 from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
 from .transport.rendezvous import (
+    NO_RANK,
     BoundedStore,
     StoreFailedError,
     agree_members,
+    agree_world_size,
     await_give_ups,
     check_claims,
+    check_rank,
     choose_address,
     claim_rank,
     close_telling,
@@ -173,7 +176,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout_s = _seconds(timeout)
         store = BoundedStore(store, timeout_s)
         self._member = new_incarnation(store, rank) if default else None
-        me = self._global_ranks[rank]
+        bad_rank = check_rank(rank, size)  # raised below, once the others can hear of it
+        me = self._global_ranks[rank] if bad_rank is None else NO_RANK
         socks: dict = {}
 
         def say(e: BaseException) -> None:
@@ -183,7 +187,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 leave_word(store, self._label, me, e)
 
         try:  # a rank that fails here tells the others (give_up), who then stop waiting
+            if bad_rank is not None:
+                raise bad_rank
             claim_rank(store, self._label, me)
+            if default:  # a subgroup's ranks agree on more below (``agree_members``)
+                agree_world_size(store, self._label, me, size)
             cfg = config.load()
             config.apply_log_level(cfg.log_level)
             self._cfg = cfg

@@ -194,6 +194,60 @@ def test_point_to_point(world: int) -> None:
     run_ranks(_p2p, world, timeout=120)
 
 
+MANY = 3000  # messages each sender sends to rank 0 in one go
+
+
+def _many_posted_receives(rank: int, w: int) -> None:
+    """Ranks 1 and 2 each send ``MANY`` small messages and shut down as soon as they are
+    sent; rank 0 posts every receive before waiting for any: rank 2's first, then rank 1's,
+    half of them into adjacent slices of one buffer, two tags interleaved."""
+    import torch.distributed as dist
+
+    if rank:
+        works = [dist.isend(torch.full((4,), float(rank * 100_000 + i)), 0, tag=i % 2)
+                 for i in range(MANY)]
+        for wk in works:
+            wk.wait()
+        return  # and the harness shuts the group down while rank 0 is still reading
+    slab = torch.full((MANY // 2, 4), -1.0)
+    bufs = {src: [slab[i] if src == 1 and i < MANY // 2 else torch.full((4,), -1.0)
+                  for i in range(MANY)] for src in (1, 2)}
+    works = [dist.irecv(bufs[src][i], src, tag=i % 2) for src in (2, 1) for i in range(MANY)]
+    for wk in works:
+        wk.wait()
+    for src in (1, 2):
+        got = torch.stack(bufs[src])[:, 0]
+        want = torch.arange(MANY, dtype=torch.float32) + src * 100_000
+        assert torch.equal(got, want), (src, (got != want).nonzero()[:5].tolist())
+
+
+def test_thousands_of_posted_receives_all_arrive_though_their_senders_have_left() -> None:
+    run_ranks(_many_posted_receives, 3, timeout=120)
+
+
+def _slow_stream(rank: int, w: int, n: int, gap_s: float) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        for i in range(n):
+            time.sleep(gap_s)
+            dist.send(torch.full((3,), float(i)), 0)
+    else:
+        bufs = [torch.empty(3) for _ in range(n)]
+        works = [dist.irecv(b, 1) for b in bufs]
+        for wk in works:
+            wk.wait()
+        assert [int(b[0]) for b in bufs] == list(range(n))
+
+
+def test_receives_posted_ahead_wait_from_their_senders_last_message_not_from_posting() -> None:
+    """Six receives posted at once, filled one every 0.6 s: 3.6 s in all, past the 2 s group
+    timeout, but the sender is never silent for that long."""
+    run_ranks(_slow_stream, 2, 6, 0.6, timeout=120, pg_timeout_s=2.0)
+
+
 def _bad_input(rank: int, w: int) -> list[str]:
     import torch.distributed as dist
 
@@ -809,6 +863,36 @@ def test_a_rank_that_cannot_start_fails_the_others_at_once_with_its_reason(bad: 
         assert res[rank].startswith("GaveUpError: mccl group"), res[rank]
         assert "cannot form" in res[rank] and "global rank 1: " in res[rank], res[rank]
         assert bad in res[rank] and res[1].split(": ", 1)[1][:60] in res[rank], res[rank]
+
+
+def _join_as(rank: int, w: int, port: int, ranks: dict, sizes: dict) -> str | None:
+    import torch.distributed as dist
+
+    import mccl  # noqa: F401
+
+    try:
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=ranks.get(rank, rank), world_size=sizes.get(rank, w),
+                                timeout=timedelta(seconds=600))
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("ranks, sizes, own, others", [
+    # the last process says rank 7 of 3: nobody may wait for rank 2 the group timeout
+    ({2: 7}, {}, "ValueError: mccl: rank 7 is out of range for world size 3",
+     "a process: mccl: rank 7 is out of range"),
+    # rank 1 says the world has 4 ranks
+    ({}, {1: 4}, "ValueError: mccl group", "with world size 4"),
+])
+def test_a_rank_or_world_size_that_does_not_fit_fails_every_rank_at_once(
+        ranks: dict, sizes: dict, own: str, others: str) -> None:
+    res = run_ranks(_join_as, 3, free_port(), ranks, sizes, init=False, timeout=90)
+    assert all(r is not None for r in res), res
+    assert any(r.startswith(own) for r in res), res
+    assert all(r.startswith(own) or r.startswith("GaveUpError") and others in r
+               for r in res), res
 
 
 def test_the_mesh_phase_reads_the_store_for_give_ups_at_most_so_often() -> None:

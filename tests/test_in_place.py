@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mccl.bench.spawn import run_ranks
 
@@ -147,3 +149,26 @@ def test_only_outputs_sharing_memory_with_each_other_are_copied() -> None:
     assert clashing_outputs([out[: n + 1], slots[2], out[n:2 * n]], [True] * 3) == [0, 2]
     assert clashing_outputs([out[:0], out[:0], slots[3]], [True] * 3) == []  # empty ones
     assert clashing_outputs([out, slots[1], slots[3]], [True] * 3) == [0, 1, 2]  # nested
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(0, 12)),
+                min_size=1, max_size=40))
+def test_the_span_index_answers_as_a_scan_of_its_spans_would(steps) -> None:
+    """Adds and removes of byte ranges (empty ones too), each followed by queries of every
+    small range: the index agrees with a plain list."""
+    from mccl.device.strided import SpanIndex, spans_meet
+
+    index, held = SpanIndex(), []
+    for remove, lo, n in steps:
+        span = (lo, lo + n)
+        if remove and span in held:
+            held.remove(span)
+            index.remove([span])
+        elif not remove:
+            held.append(span)
+            index.add([span])
+        for qlo in range(0, 75, 3):
+            for qn in (0, 1, 5, 20):
+                q = (qlo, qlo + qn)
+                assert index.meets(q) == any(spans_meet(q, h) for h in held), (q, held)

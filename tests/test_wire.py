@@ -599,6 +599,27 @@ def test_error_frame_names_the_culprit(sender: int, blamed: int, text: bytes,
     mesh.dispose()
 
 
+@pytest.mark.parametrize("sender_issued, blamed, culprit", [
+    (Signature(2, 1, 0, 0, 12), 0, 1),  # rank 1 issued another op and names us: it is odd here
+    (SIG, 3, 3),                        # rank 1 issued op #1 as we did: the one it names is odd
+    (Signature(2, 1, 0, 0, 12), 3, 1),  # rank 1 differs from us, whoever it names
+])
+def test_a_mismatch_report_names_the_rank_that_issued_the_op_otherwise_than_this_one(
+        sender_issued: Signature, blamed: int, culprit: int) -> None:
+    """Seen with 3 ranks, one of them odd: a rank that issued the op as most did was told
+    "blamed on this rank" (the odd rank names whoever it met first)."""
+    mesh, far = make_mesh(4, timeout_s=60.0)
+    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(2, 1, SIG, np.zeros(4, dtype=np.int32)))
+    header, text = framing.error_frame(MISMATCH_TEXT.decode(), GROUP, 1, blamed, sender_issued)
+    far[1].sendall(header + text)
+    t.join(30)
+    err = out.get("error")
+    assert isinstance(err, PeerError) and err.culprit == culprit, err
+    assert "reported by rank 1: collective mismatch" in str(err)
+    mesh.dispose()
+
+
 @pytest.mark.parametrize("sender, blamed, text, phrase", ERROR_FRAMES)
 def test_check_open_reports_an_error_frame_as_a_receive_does(sender: int, blamed: int,
                                                              text: bytes, phrase: str) -> None:
@@ -650,6 +671,66 @@ def test_unread_at_shutdown_reports_strays_and_not_departures() -> None:
     assert len(found) == 1, found
     assert "rank 3 issued op #5" in found[0] and "never issued" in found[0], found
     mesh.dispose()
+
+
+def _serve_until(mesh, done: list, rounds: int = 200) -> None:
+    wake, other = socket.socketpair()
+    try:
+        for _ in range(rounds):
+            if done:
+                return
+            mesh.serve(0.05, wake)
+    finally:
+        wake.close()
+        other.close()
+
+
+def test_a_blocked_rank_does_not_probe_a_peer_whose_bytes_it_has_not_read() -> None:
+    """Rank 2 sent a message too large to read ahead, said BYE and closed. A probe written to
+    it would make its kernel reset the connection, which drops the message still unread here;
+    so while rank 0 waits for rank 1, only rank 1 is probed, and the message arrives whole."""
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    payload = np.arange(600_000, dtype=np.int32)  # 2.4 MB: more than is read ahead
+    far[2].sendall(pack_header(P2P, Signature(0, root=7), GROUP, 0, payload.nbytes)
+                   + payload.tobytes() + pack_header(BYE, Signature(0), GROUP, 0, 0))
+    far[2].close()
+    mesh.begin_op(1, SIG)
+    t, out = in_thread(lambda: mesh.recv_data(1, 1, SIG, np.zeros(4, dtype=np.int32)))
+    far[1].settimeout(30)
+    raw = far[1].recv(HEADER_SIZE + STATE_PAYLOAD.size, socket.MSG_WAITALL)
+    assert unpack_header(raw[:HEADER_SIZE]).kind == STATE
+    time.sleep(0.3)  # more probe intervals: rank 2 must stay unprobed in all of them
+    data = np.arange(4, dtype=np.int32)
+    far[1].sendall(pack_header(DATA, SIG, GROUP, 1, data.nbytes) + data.tobytes())
+    t.join(30)
+    assert not t.is_alive() and "error" not in out, out
+    mesh.end_op()
+    got = np.zeros_like(payload)
+    filled: list = []
+    mesh.post_recv(2, 7, got, filled.append)
+    _serve_until(mesh, filled)
+    assert filled and np.array_equal(got, payload)
+    mesh.dispose()
+
+
+def test_a_closing_rank_drops_what_it_did_not_read_so_the_peer_gets_its_last_bytes() -> None:
+    """A socket closed with unread bytes in it resets the connection, and the reset throws away
+    what this rank's kernel still held of its last frames (the peer reads slowly here)."""
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    far[1].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+    far[1].sendall(pack_header(STATE, SIG, GROUP, 3, 4) + STATE_PAYLOAD.pack(0))
+    last = np.arange(50_000, dtype=np.int32)  # 200 KB: more than the peer takes in at once
+    mesh.send(1, P2P, Signature(0), 0, last, tag=1)
+    mesh.flush([1])  # all of it in the kernel now; the probe above arrived, unread
+    mesh.dispose()
+    far[1].settimeout(30)
+    got = bytearray()
+    while True:
+        chunk = far[1].recv(1 << 20)  # a reset raises ConnectionResetError here
+        if not chunk:
+            break
+        got += chunk
+    assert len(got) == HEADER_SIZE + last.nbytes and bytes(got[HEADER_SIZE:]) == last.tobytes()
 
 
 def test_blocked_rank_announces_what_it_waits_for() -> None:

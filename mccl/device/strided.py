@@ -18,6 +18,7 @@ comm thread in the op's turn (and copied back before the op completes where they
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
@@ -51,6 +52,45 @@ def byte_span(t: torch.Tensor) -> tuple[int, int]:
 def spans_meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Do two ``byte_span`` ranges intersect? (Never an empty one.)"""
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
+
+
+class SpanIndex:
+    """A multiset of ``byte_span`` ranges, sorted by start, that answers "does this range meet
+    any?" in O(log n) (for ranges no longer than the longest held): thousands of posted
+    receives each ask it about their buffer, which a scan would make quadratic."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, int]] = []
+        self._longest = 0  # of the spans added since the index was last empty
+
+    def add(self, spans: Sequence[tuple[int, int]]) -> None:
+        for s in spans:
+            if s[0] < s[1]:
+                bisect.insort(self._spans, s)
+                self._longest = max(self._longest, s[1] - s[0])
+
+    def remove(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Take out one of each of ``spans`` (added before)."""
+        for s in spans:
+            if s[0] < s[1]:
+                i = bisect.bisect_left(self._spans, s)
+                if i < len(self._spans) and self._spans[i] == s:
+                    del self._spans[i]
+        if not self._spans:
+            self._longest = 0
+
+    def meets(self, span: tuple[int, int]) -> bool:
+        lo, hi = span
+        if lo >= hi:
+            return False
+        held = self._spans
+        # Only a span that starts after lo - longest can reach past lo.
+        i = bisect.bisect_right(held, (lo - self._longest, hi))
+        while i < len(held) and held[i][0] < hi:
+            if held[i][1] > lo:
+                return True
+            i += 1
+        return False
 
 
 #: ``(a, b, offset)``: tensor ``a`` of an op may sit exactly at byte ``offset`` of tensor

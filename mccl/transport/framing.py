@@ -70,12 +70,16 @@ def pack_header(kind: int, sig: Signature, group: int, seq: int, length: int) ->
     )
 
 
-def error_frame(reason: str, group: int, seq: int = 0,
-                blamed: int = BLAME_NOBODY) -> tuple[bytes, bytes]:
+def error_frame(reason: str, group: int, seq: int = 0, blamed: int = BLAME_NOBODY,
+                issued: Signature | None = None) -> tuple[bytes, bytes]:
     """(header, payload) of an ERROR frame: why the sender gives up, blaming ``blamed``
-    (a group rank; -1: the sender itself, ``BLAME_NOBODY``: no rank)."""
+    (a group rank; -1: the sender itself, ``BLAME_NOBODY``: no rank). ``issued``: the
+    sender's own op ``seq`` (its root aside), so a receiver of a mismatch report can tell
+    whether the sender issued that op as it did."""
     text = reason.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-    return pack_header(ERROR, Signature(0, root=blamed), group, seq, len(text)), text
+    i = issued or Signature(0)
+    sig = Signature(i.op, i.dtype, i.redop, blamed, i.count)
+    return pack_header(ERROR, sig, group, seq, len(text)), text
 
 
 def unpack_header(raw: bytes | bytearray | memoryview) -> Header:

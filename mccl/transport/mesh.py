@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from .framing import (
     BLAME_NOBODY,
@@ -38,6 +37,7 @@ from .framing import (
     pack_header,
     unpack_header,
 )
+from .posted import PostedRecv, PostedRecvs
 from .tcp import (
     PROBE_S,
     Peer,
@@ -76,21 +76,6 @@ class MismatchError(RuntimeError):
         super().__init__(message if message.startswith(MISMATCH) else f"{MISMATCH}: {message}")
         self.peer = peer
         self.culprit = peer
-
-
-@dataclass(eq=False)
-class PostedRecv:
-    """A point-to-point receive waiting for its message (``Mesh.post_recv``). Whichever read of
-    the comm thread meets the message fills ``buf``, so a receive never holds up the group's
-    other ops (gloo's semantics: an ``irecv`` posted before a collective does not block it)."""
-
-    src: int | None  # None: from any peer
-    tag: int
-    buf: memoryview
-    since: float  # posted, or the group's last collective since: the timeout counts from here
-    on_filled: Callable[[PostedRecv], None]
-    dtype: int = 0  # the buffer's dtype code (0: any), checked against the message's
-    source: int = -1  # the peer it came from, once filled
 
 
 def describe_signature(sig: Signature, names: Callable[[Signature], str] | None) -> str:
@@ -137,10 +122,11 @@ class Mesh:
         self.done_seq = 0
         self._hist: list[tuple[int, Signature] | None] = [None] * HISTORY
         self._ahead: dict[int, list[tuple[int, Signature]]] = {}  # probes for ops not begun
-        self._probed: tuple[int, int] | None = None
+        #: Bumped when a receive is filled: a later wait for the same peer is news again.
+        self._probe_round = 0
         self._polling = False
         #: Receives waiting for their message, in the order they were posted (comm thread).
-        self.posted: list[PostedRecv] = []
+        self.posted = PostedRecvs()
         #: p2p messages stashed so far: the order a receive from any peer takes them in.
         self._stashed = 0
         #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
@@ -393,6 +379,12 @@ class Mesh:
         """The error that ``p``'s error frame ``hdr`` with reason ``text`` reports: its rank to
         blame and its reason, forwarded unchanged (``origin``) so messages do not nest."""
         blamed = hdr.sig.root
+        if text.startswith(MISMATCH) and self._issued_otherwise_than_here(hdr):
+            # A mismatch is between two ranks: the sender issued the op otherwise than this
+            # rank did, so it is the peer that differs here, whoever it blamed (with three
+            # ranks and one odd, the two that agree both name the odd one).
+            return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=p.rank,
+                             origin=text)
         if blamed == self.rank:  # this rank is the one the others gave up on: the fault is
             # here (its link broke, it stalled, or it issued the odd op), not at the rank that
             # says so
@@ -402,6 +394,16 @@ class Mesh:
         culprit = blamed if 0 <= blamed < self.size else p.rank
         return PeerError(p.rank, f"reported by rank {p.rank}: {text}", culprit=culprit,
                          origin=text, blame=blamed != BLAME_NOBODY)
+
+    def _issued_otherwise_than_here(self, hdr: Header) -> bool:
+        """Did the sender of error frame ``hdr`` issue its op (``error_frame``'s ``issued``)
+        otherwise than this rank issued that op? False where either cannot tell."""
+        mine = self._issued(hdr.seq) if hdr.seq else None
+        theirs = hdr.sig
+        if mine is None or theirs.op == 0:
+            return False
+        return (theirs.op, theirs.dtype, theirs.redop, theirs.count) != (
+            mine.op, mine.dtype, mine.redop, mine.count)
 
     def _control(self, p: Peer, hdr: Header) -> None:
         if hdr.kind == ERROR:
@@ -560,7 +562,7 @@ class Mesh:
         if p is not None:
             self._filled(pr, p)
             return pr
-        self.posted.append(pr)
+        self.posted.add(pr)
         return pr
 
     def _senders(self, src: int | None) -> list[Peer]:
@@ -569,7 +571,8 @@ class Mesh:
 
     def _filled(self, pr: PostedRecv, p: Peer) -> None:
         pr.source = p.rank
-        self._probed = None  # a later wait for this peer is news again
+        p.delivered_at = time.monotonic()
+        self._probe_round += 1  # a later wait for this peer is news again
         pr.on_filled(pr)
 
     def _receiver(self, p: Peer, hdr: Header) -> PostedRecv | None:
@@ -578,10 +581,7 @@ class Mesh:
         tag = hdr.sig.root
         if not self.posted or any(h.sig.root == tag for h, _, _ in p.p2p_stash):
             return None
-        for pr in self.posted:
-            if pr.tag == tag and pr.src in (None, p.rank):
-                return pr
-        return None
+        return self.posted.match(p.rank, tag)
 
     def _deliver(self, p: Peer, hdr: Header) -> bool:
         """A p2p frame whose header was just read from ``p``: read its payload straight into
@@ -646,23 +646,26 @@ class Mesh:
             ready = still
 
     def _check_posted(self) -> None:
-        """Tell the peers what the oldest posted receive waits for once it waited ``probe_s``;
-        raise once it waited the group timeout, or when its sender has shut the group down."""
+        """Tell the peers what a posted receive waits for once it waited ``probe_s``; raise
+        once it waited the group timeout, or when its sender has shut the group down. The wait
+        counts from when it was posted or its sender's last message filled a receive, so a
+        long queue of receives that their sender is filling never times out."""
+        if not self.posted:
+            return
         now = time.monotonic()
-        for pr in self.posted:
-            if all(q.eof for q in self._senders(pr.src)):
+        for pr in self.posted.oldest_per_source():
+            senders = self._senders(pr.src)
+            if all(q.eof for q in senders):
                 who = f"rank {pr.src}" if pr.src is not None else "every peer"
                 text = (f"{who} shut the group down before sending the message with tag "
                         f"{pr.tag} that rank {self.rank} waits for")
                 raise PeerError(-1 if pr.src is None else pr.src, text,
                                 blame=pr.src is not None)
-        if not self.posted:
-            return
-        pr = self.posted[0]
-        waited = now - pr.since
-        if waited >= self.probe_s:
-            self._probe(pr.src if pr.src is not None else -1)
-        if waited >= self.timeout_s:
+            waited = now - max(pr.since, max(q.delivered_at for q in senders))
+            if waited >= self.probe_s:
+                self._probe(pr.src if pr.src is not None else -1)
+            if waited < self.timeout_s:
+                continue
             if pr.src is None:
                 raise PeerError(-1, f"no message with tag {pr.tag} from any rank for "
                                     f"{waited:.0f}s (group timeout){self._gone()}",
@@ -724,8 +727,8 @@ class Mesh:
                                     f"(group timeout){self._waits_on_us(p)}"
                                     f"{self._alone_since(p, stall[0])}")
         if not self._polling:
+            self._poll(p)  # first: what the others sent is read before they are probed
             self._probe(p.rank)
-            self._poll(p)
         return stall
 
     def _gone(self) -> str:
@@ -774,19 +777,26 @@ class Mesh:
                 and st[2] not in (-1, self.rank) and waited < 2 * self.timeout_s)
 
     def _probe(self, waits_for: int) -> None:
-        """Tell every peer, once per (op, awaited rank), what this rank is blocked in."""
-        key = (self.cur_seq, waits_for)
-        if key == self._probed:
-            return
-        self._probed = key
-        payload = STATE_PAYLOAD.pack(waits_for)
-        header = pack_header(STATE, self.cur_sig, self.group, self.cur_seq, len(payload))
+        """Tell every peer, once per (op, awaited rank), what this rank is blocked in.
+
+        Not a peer whose bytes wait unread here: it may have said BYE behind them and closed,
+        and a write to a closed socket makes its kernel reset the connection, which throws
+        away every byte it sent that this rank had not read yet. It gets the probe on a later
+        stall, once its bytes are read (it is alive and talking meanwhile)."""
+        mark = (self.cur_seq, waits_for, self._probe_round)
+        payload = header = None
         for q in self._live():
-            if q.send_error is None and not q.bye:
-                try:
-                    q.enqueue(header, payload)
-                except PeerError:
-                    pass
+            if q.send_error is not None or q.bye or q.probed == mark or q.has_unread():
+                continue
+            if header is None:
+                payload = STATE_PAYLOAD.pack(waits_for)
+                header = pack_header(STATE, self.cur_sig, self.group, self.cur_seq,
+                                     len(payload))
+            q.probed = mark
+            try:
+                q.enqueue(header, payload)
+            except PeerError:
+                pass
 
     def _peek_header(self, q: Peer) -> Header | None:
         """The header of ``q``'s next frame if all of it has arrived, left in the socket (None:
@@ -931,7 +941,8 @@ class Mesh:
             return
         self.failed = True
         blamed = culprit if culprit is not None else (BLAME_NOBODY if nobody else -1)
-        header, text = error_frame(reason, self.group, seq, blamed)
+        header, text = error_frame(reason, self.group, seq, blamed,
+                                   self._issued(seq) if seq else None)
         for p in self._live():
             if p.send_error is None and not p.eof:
                 try:
@@ -979,6 +990,7 @@ class Mesh:
         for p in self._live():
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self._live():
+            p.discard_unread()
             try:
                 p.sock.close()
             except OSError:

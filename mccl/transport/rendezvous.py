@@ -49,6 +49,9 @@ GAVE_UP_WHO = GAVE_UP_KEY + "/who/"
 #: later ones gave up because of them (their reasons, which say ``CANNOT_FORM``, are left out).
 GAVE_UP_NAMED = 3
 CANNOT_FORM = "cannot form: a rank stopped waiting for it"
+#: The rank a process leaves its word under when it has no rank of the group (its own is
+#: out of range): every rank of the group takes note of it, whatever the members.
+NO_RANK = -1
 #: A waiting rank looks for the keys it waits for (and for a rank that gave up) after this
 #: long, then twice as long each time, up to ``WAIT_POLL_MAX_S``: a blocking wait on the store
 #: could not also notice that a rank had given up, so the others waited out the whole group
@@ -289,12 +292,13 @@ class GiveUpWatch:
         self._next = t + self.every_s
         try:
             quit_ = [(g, n) for g, n in _who_gave_up(self.store, self.ns, self._seen)
-                     if not self._fate or g in self._fate]
+                     if not self._fate or g in self._fate or g == NO_RANK]
         except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError and kin
             raise self.store_failed(e) from e
         if quit_:
             causes = [(g, n) for g, n in quit_ if CANNOT_FORM not in n] or quit_
-            said = "; ".join(f"global rank {g}: {note}" for g, note in causes[:GAVE_UP_NAMED])
+            said = "; ".join(f"{'a process' if g == NO_RANK else f'global rank {g}'}: {note}"
+                             for g, note in causes[:GAVE_UP_NAMED])
             raise GaveUpError(f"mccl group '{self.group}' {CANNOT_FORM} ({said})")
         known_gone = _known_gone
         if known_gone is None or not self._fate or (t < self._next_gone and not now):
@@ -1080,6 +1084,33 @@ def _get_all(store: Store, keys: list[str]) -> list[str]:
     many = getattr(store, "multi_get", None)
     raw = many(keys) if many is not None else [store.get(k) for k in keys]
     return [v.decode() if isinstance(v, bytes) else v for v in raw]
+
+
+def check_rank(rank: int, size: int) -> ValueError | None:
+    """Why ``rank`` cannot be a rank of a group of ``size`` (None: it can)."""
+    if size < 1:
+        return ValueError(f"mccl: world size {size} is not a positive number of ranks")
+    if not 0 <= rank < size:
+        return ValueError(f"mccl: rank {rank} is out of range for world size {size} (ranks "
+                          f"count from 0 to {size - 1}): is RANK or WORLD_SIZE wrong there?")
+    return None
+
+
+def agree_world_size(store: Store, group_name: str, global_rank: int, size: int) -> None:
+    """The first rank to get here records its world size; one that passed another raises,
+    naming both (it would wait for a rank that never comes, or leave one out, and the others'
+    error would read as ranks that never connected). Skipped for a store without
+    ``compare_set``."""
+    key = f"{namespace(group_name)}world_size"
+    try:
+        got = store.compare_set(key, "", f"{size} {global_rank}")
+    except (RuntimeError, NotImplementedError):  # torch: "Not implemented."
+        return
+    first, first_rank = (got.decode() if isinstance(got, bytes) else str(got)).split()
+    if first != str(size):
+        raise ValueError(f"mccl group '{group_name}': rank {global_rank} was started with world "
+                         f"size {size}, but rank {first_rank} with world size {first}: every "
+                         "rank must be given the same WORLD_SIZE")
 
 
 def agree_members(store: Store, global_rank: int, members: list[int], group_name: str,

@@ -46,6 +46,10 @@ SEND_TIMEOUT_FACTOR = 2
 #: Unexpected payloads are allocated in steps of this size as bytes actually arrive, so a
 #: corrupt length cannot make us allocate memory nobody sends.
 STASH_STEP = 16 << 20
+#: At close, what waits unread in a socket is read and dropped in reads of this size, at most
+#: this many (``Peer.discard_unread``): a few socket buffers' worth.
+DISCARD_CHUNK_BYTES = 1 << 20
+DISCARD_READS = 64
 #: Linux "autocorking" holds a frame's short last segment back while earlier segments of the
 #: socket still sit in a queue (a shaped qdisc, a busy NIC) when nothing follows it: a 64 KiB
 #: all-reduce at 4 ranks on 1 Gbit links took 2.8 ms instead of 1.1 ms. Setting TCP_NODELAY
@@ -215,6 +219,9 @@ class Peer:
         #: was killed), once one did (``gone``).
         self.lost: str | None = None
         self.heard_at = 0.0  # when a frame from this peer was last read (time.monotonic)
+        self.delivered_at = 0.0  # when a message from this peer last filled a receive
+        #: The last STATE probe sent to it: (seq, awaited rank, ``Mesh._probe_round``).
+        self.probed: tuple[int, int, int] | None = None
         #: Last STATE probe: (seq, signature, rank it waits for).
         self.state: tuple[int, Signature, int] | None = None
         #: This rank sent the peer a frame after its last STATE (the wait it reported on this
@@ -405,6 +412,21 @@ class Peer:
             return peek(self.sock, n)
         except OSError as e:
             raise self._conn_error(e) from e
+
+    def discard_unread(self) -> None:
+        """Before the socket is closed: read and drop what waits in it. Closing a socket with
+        unread bytes resets the connection instead of ending it, and a reset makes the peer's
+        kernel throw away what this rank sent that the peer has not read yet."""
+        for _ in range(DISCARD_READS):  # bounded: a peer may still be writing
+            try:
+                if not self.sock.recv(DISCARD_CHUNK_BYTES, _DONTWAIT):
+                    return
+            except OSError:  # nothing more waits (or the connection is gone already)
+                return
+
+    def has_unread(self) -> bool:
+        """Whether bytes from the peer (or the end of its stream) wait unread in the socket."""
+        return _readable(self.sock)
 
     def at_eof(self) -> bool:
         """Whether the peer closed its side and every byte before that was read (sets
