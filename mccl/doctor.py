@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import __version__, config
-from .bench.cli import CliError, at_least, check_device, report
+from .bench.cli import CliError, check_device, local_ranks, report
 from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mccl doctor",
                                 description="Capabilities of this machine and a local self-test.")
     p.add_argument("--device", default=None, help="self-test device (default: best available)")
-    p.add_argument("--world", type=at_least(2), default=2,
+    p.add_argument("--world", type=local_ranks(2), default=2,
                    help="local processes in the self-test (at least 2: it tests the network)")
     p.add_argument("--no-selftest", action="store_true", help="only print capabilities")
     p.add_argument("--json", default=None, metavar="PATH", help="also write everything as JSON")

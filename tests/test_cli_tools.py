@@ -28,6 +28,7 @@ from mccl.bench.report import (
     size_range,
     write_json,
 )
+from mccl.transport import fdlimit
 from tests.hosts import cluster_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -389,6 +390,18 @@ def test_train_refuses_bad_settings_in_one_line() -> None:
     _one_line_error(_run("mccl.bench.train", "--backend", "nccl"), 2,
                     "--backend: nccl not usable here")
     _one_line_error(_run("mccl.bench.train", "--timeout", "0"), 2, "argument --timeout")
+    _one_line_error(_run("mccl.bench.train", "--world-size", "5000"), 2,
+                    "argument --world-size: must be at most")
+
+
+def test_world_sizes_past_what_this_machine_runs_are_refused() -> None:
+    from mccl.bench.__main__ import _plan
+
+    top = cli.local_ranks_limit()
+    assert top >= cli.LOCAL_RANKS_FLOOR or top == fdlimit.summary()["largest_group"]
+    with pytest.raises(cli.CliError, match=f"--world-sizes: {top + 1} is more than the {top}"):
+        _plan(_parse("--world-sizes", f"2,{top + 1}"))
+    assert _plan(_parse("--world-sizes", f"2,{top}"))[2] == [2, top]
 
 
 def test_start_cluster_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,6 +421,9 @@ def test_doctor_checks_its_arguments_and_environment(tmp_path: Path) -> None:
     tracebacks (an interface name that is none here: the self-test's, 30 lines), and without
     MPS the hand-off read 'unified' as if MPS were here."""
     _one_line_error(_run("mccl", "doctor", "--world", "0"), 2, "argument --world")
+    # Before: --world 100000 started that many processes.
+    _one_line_error(_run("mccl", "doctor", "--world", "100000"), 2,
+                    f"must be at most {cli.local_ranks_limit()}")
     out = tmp_path / "x" / "y.json"
     res = _run("mccl", "doctor", "--no-selftest", "--json", str(out))
     assert res.returncode == 0, res.stderr

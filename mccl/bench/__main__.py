@@ -29,6 +29,7 @@ from mccl.bench.cli import (
     csv_items,
     int_items,
     interrupt_on_sigterm,
+    local_ranks_limit,
     report,
     start_cluster,
     steering,
@@ -218,7 +219,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[int], li
     """Every check that can fail before a rank starts: (ops, sizes, world sizes, backends).
     Raises CliError or ValueError with one line."""
     ops, sizes = _ops(args.ops), _sizes(args)
-    worlds = int_items(args.world_sizes, "--world-sizes", minimum=2)
+    worlds = int_items(args.world_sizes, "--world-sizes", minimum=2,
+                       maximum=local_ranks_limit())
     if args.queue < 1:
         raise ValueError(f"--queue must be at least 1, got {args.queue}")
     if args.cluster and args.hosts == 1:

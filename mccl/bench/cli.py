@@ -8,6 +8,7 @@ and treat SIGTERM like Ctrl-C so that rank sessions and cluster namespaces are c
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 
 #: Exit status of a run cut short by Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
+#: Ranks one command may start on this machine: so many per core, at least the floor (each
+#: imports torch, hundreds of MB, and needs a share of a core to answer within a timeout).
+LOCAL_RANKS_PER_CORE = 8
+LOCAL_RANKS_FLOOR = 16
 
 
 class CliError(Exception):
@@ -63,6 +68,33 @@ def at_least(minimum: float, kind: Callable[[str], float] = int, *, strict: bool
     return parse
 
 
+def local_ranks_limit() -> int:
+    """The most ranks a tool starts on this machine (``LOCAL_RANKS_PER_CORE``), and no more
+    than the open-file limit leaves room for (each needs a socket per peer)."""
+    from mccl.transport import fdlimit
+
+    limit = max(LOCAL_RANKS_FLOOR, LOCAL_RANKS_PER_CORE * (os.cpu_count() or 1))
+    largest = fdlimit.summary()["largest_group"]
+    return min(limit, largest) if isinstance(largest, int) else limit
+
+
+def local_ranks(minimum: int) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of ranks to start here: ``minimum`` up to
+    ``local_ranks_limit()``."""
+    bounded = at_least(minimum)
+
+    def parse(text: str) -> float:
+        value = bounded(text)
+        top = local_ranks_limit()
+        if value > top:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {top} (ranks this machine can run at once), got {text}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def csv_items(text: str, flag: str) -> list[str]:
     """A comma list's entries, each once (first occurrence kept); an empty list is an error
     (it used to run nothing, or fall back to the defaults, without a word)."""
@@ -72,8 +104,9 @@ def csv_items(text: str, flag: str) -> list[str]:
     return items
 
 
-def int_items(text: str, flag: str, minimum: int) -> list[int]:
-    """A comma list of integers >= minimum, each once, naming the flag in any error."""
+def int_items(text: str, flag: str, minimum: int, maximum: int | None = None) -> list[int]:
+    """A comma list of integers from minimum up to maximum, each once, naming the flag in any
+    error."""
     out = []
     for item in csv_items(text, flag):
         try:
@@ -82,6 +115,9 @@ def int_items(text: str, flag: str, minimum: int) -> list[int]:
             raise CliError(f"error: {flag}: {item!r} is not an integer") from None
         if value < minimum:
             raise CliError(f"error: {flag}: {value} is below {minimum}")
+        if maximum is not None and value > maximum:
+            raise CliError(f"error: {flag}: {value} is more than the {maximum} ranks this "
+                           "machine can run at once")
         out.append(value)
     return list(dict.fromkeys(out))
 

@@ -25,6 +25,7 @@ from mccl.bench.cli import (
     at_least,
     check_backends,
     interrupt_on_sigterm,
+    local_ranks,
     report,
     start_cluster,
 )
@@ -92,7 +93,7 @@ def launch(world: int, backend: str, script_args: Sequence[str], script: Path = 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mccl.bench.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--world-size", type=at_least(1), default=2)
+    p.add_argument("--world-size", type=local_ranks(1), default=2)
     p.add_argument("--backend", default="mccl",
                    help=f"{' or '.join(TRAIN_BACKENDS)} for the default script (it trains on "
                         "the CPU); any available backend for --script")
