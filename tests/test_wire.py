@@ -685,6 +685,20 @@ def _serve_until(mesh, done: list, rounds: int = 200) -> None:
         other.close()
 
 
+def test_a_receive_that_times_out_names_the_messages_with_other_tags() -> None:
+    """Sender and receiver disagree on a tag: the timeout says what did come."""
+    mesh, far = make_mesh(2, timeout_s=0.3, probe_s=0.05)
+    payload = np.arange(4, dtype=np.int32)
+    far[1].sendall(pack_header(P2P, Signature(0, root=5), GROUP, 0, payload.nbytes)
+                   + payload.tobytes())
+    mesh.post_recv(1, 6, np.zeros(4, dtype=np.int32), lambda pr: None)
+    with pytest.raises(PeerError, match="no message with tag 6 from rank 1") as exc:
+        _serve_until(mesh, [])
+    assert "messages that no receive asked for wait here from rank 1 with tag 5" in str(
+        exc.value)
+    mesh.dispose()
+
+
 def test_a_blocked_rank_does_not_probe_a_peer_whose_bytes_it_has_not_read() -> None:
     """Rank 2 sent a message too large to read ahead, said BYE and closed. A probe written to
     it would make its kernel reset the connection, which drops the message still unread here;

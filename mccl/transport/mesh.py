@@ -668,11 +668,25 @@ class Mesh:
                 continue
             if pr.src is None:
                 raise PeerError(-1, f"no message with tag {pr.tag} from any rank for "
-                                    f"{waited:.0f}s (group timeout){self._gone()}",
+                                    f"{waited:.0f}s (group timeout){self._gone()}"
+                                    f"{self._other_tags(senders)}",
                                 blame=False)  # none sent: no peer to blame
             raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
                                     f"{waited:.0f}s (group timeout)"
-                                    f"{self._waits_on_us(self.peer(pr.src))}")
+                                    f"{self._waits_on_us(self.peer(pr.src))}"
+                                    f"{self._other_tags(senders)}")
+
+    @staticmethod
+    def _other_tags(senders: Sequence[Peer]) -> str:
+        """For a receive that timed out: the messages of ``senders`` that arrived with other
+        tags and wait unread (a tag mismatch between sender and receiver)."""
+        unread = [(q.rank, sorted({h.sig.root for h, _, _ in q.p2p_stash})) for q in senders
+                  if q.p2p_stash]
+        if not unread:
+            return ""
+        said = "; ".join(f"rank {r} with tag{'s' if len(t) > 1 else ''} "
+                         f"{', '.join(map(str, t[:8]))}" for r, t in unread)
+        return f"; messages that no receive asked for wait here from {said}"
 
     def _read_one(self, p: Peer, tag: int, mv: memoryview) -> bool:
         """Read one frame from ``p``; True if it was the awaited p2p message (now in mv)."""
