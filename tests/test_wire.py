@@ -37,7 +37,8 @@ from mccl.transport.framing import (
     pack_header,
     unpack_header,
 )
-from mccl.transport.mesh import Mesh, MismatchError
+from mccl.transport.mesh import POLL_STASH_MAX, Mesh, MismatchError
+from mccl.transport.posted import PostedRecv, PostedRecvs
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
 from mccl.transport.tcp import PeerError
 from tests.threads import in_thread, on_thread
@@ -683,6 +684,71 @@ def _serve_until(mesh, done: list, rounds: int = 200) -> None:
     finally:
         wake.close()
         other.close()
+
+
+def _p2p_frame(tag: int, payload: np.ndarray) -> bytes:
+    return pack_header(P2P, Signature(0, root=tag), GROUP, 0, payload.nbytes) + payload.tobytes()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([None, 1, 2, 3]), st.integers(0, 2)),
+                max_size=40))
+def test_posted_receives_know_which_sources_they_ask_for(steps) -> None:
+    """``PostedRecvs.asks_for`` follows every add and remove (it decides whether a large
+    message nobody asked for may stay in its socket)."""
+    posted, live = PostedRecvs(), []
+    for add, src, tag in steps:
+        if add or not live:
+            pr = PostedRecv(src, tag, memoryview(b""), 0.0, lambda _: None)
+            posted.add(pr)
+            live.append(pr)
+        else:
+            pr = live.pop(tag % len(live))
+            posted.remove(pr)
+        for peer in (1, 2, 3):
+            assert posted.asks_for(peer) == any(q.src in (peer, None) for q in live)
+    assert len(posted) == len(live)
+
+
+def test_a_large_message_nobody_asked_for_stays_in_its_socket_until_asked() -> None:
+    """While the comm thread serves other receives, a large message that no receive wants
+    yet is left in its socket and read straight into the receive posted for it later (a ring
+    of send/recv pairs whose senders ran a step ahead stashed and copied such messages); but
+    where a posted receive may want a later message of that peer (naming it, or from any
+    peer), the large one is stashed so that the later one can be read."""
+    mesh, far = make_mesh(3, timeout_s=20.0, probe_s=10.0)
+    big = np.arange((POLL_STASH_MAX >> 2) * 3, dtype=np.int32)  # over the stash limit
+    small = np.arange(5, dtype=np.int32)
+    mesh.post_recv(2, 0, np.zeros(1, dtype=np.int32), lambda pr: None)  # keeps serve busy
+
+    def send(*frames: bytes) -> threading.Thread:
+        t = threading.Thread(target=far[1].sendall, args=(b"".join(frames),), daemon=True)
+        t.start()
+        return t
+
+    def receive(src, tag: int, like: np.ndarray) -> np.ndarray:
+        got, filled = np.zeros_like(like), []
+        mesh.post_recv(src, tag, got, filled.append)
+        on_thread(lambda: _serve_until(mesh, filled))
+        assert filled
+        return got
+
+    writer = send(_p2p_frame(0, big))
+    time.sleep(0.2)
+    on_thread(lambda: _serve_until(mesh, [], rounds=5))
+    assert not mesh.peer(1).p2p_stash and mesh.peer(1).has_unread()  # left in the socket
+    assert np.array_equal(receive(1, 0, big), big)
+    writer.join(10)
+    for src in (1, None):
+        writer = send(_p2p_frame(0, big), _p2p_frame(3, small))
+        assert np.array_equal(receive(src, 3, small), small)
+        assert len(mesh.peer(1).p2p_stash) == 1  # the big one, read past
+        assert np.array_equal(receive(1, 0, big), big)
+        writer.join(10)
+        assert not writer.is_alive()
+    mesh.dispose()
+    for sock in far.values():
+        sock.close()
 
 
 def test_a_receive_that_times_out_names_the_messages_with_other_tags() -> None:

@@ -129,8 +129,9 @@ class Mesh:
         self.posted = PostedRecvs()
         #: p2p messages stashed so far: the order a receive from any peer takes them in.
         self._stashed = 0
-        #: Peers whose next frame (a later collective's, too large to stash) stays in the socket
-        #: until that op reads it; ``serve`` does not wait on them meanwhile.
+        #: Peers whose next frame stays in the socket (a later collective's, too large to
+        #: stash, until that op reads it; or a large message no receive asks for yet, until one
+        #: does); ``serve`` does not wait on them meanwhile.
         self._held: set[int] = set()
         #: The thread running an op (the one that may read the sockets), else None.
         self._reader: threading.Thread | None = None
@@ -563,6 +564,10 @@ class Mesh:
             self._filled(pr, p)
             return pr
         self.posted.add(pr)
+        if src is None:  # a message held in its socket may be this receive's now
+            self._held.clear()
+        else:
+            self._held.discard(src)
         return pr
 
     def _senders(self, src: int | None) -> list[Peer]:
@@ -599,9 +604,11 @@ class Mesh:
         """The comm thread is idle while receives are posted or sends are on their way: wait up
         to ``timeout_s`` for bytes from any peer (or a byte on ``wake``: new work), then read
         every complete frame that arrived: messages for posted receives straight into their
-        buffers, other messages stashed, small frames of a later collective stashed (a large
-        one stays in the socket for its op), control frames handled (an error frame or a
-        dead peer raises). Raises when a posted receive waited the group timeout."""
+        buffers, other small messages stashed (a large one stays in the socket for the receive
+        posted later, unless a posted receive may want a later message of its sender), small
+        frames of a later collective stashed (a large one stays in the socket for its op),
+        control frames handled (an error frame or a dead peer raises). Raises when a posted
+        receive waited the group timeout."""
         if self.closed:
             raise PeerError(self.rank, "the process group was shut down")
         self._polling = True  # a stalled read in here must not probe or poll
@@ -632,7 +639,10 @@ class Mesh:
         for turn in range(POLL_FRAMES):
             still = []
             for q in ready:
-                read = self._poll_peer(q, any_p2p=True, limit=1)
+                # a large message nobody asked for stays in the socket (its receive, posted
+                # later, takes it straight from there) unless a posted receive may want a
+                # later message of that peer, which waits behind it
+                read = self._poll_peer(q, any_p2p=self.posted.asks_for(q.rank), limit=1)
                 if read is None:
                     self._held.add(q.rank)
                 elif read:

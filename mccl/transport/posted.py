@@ -37,6 +37,7 @@ class PostedRecvs:
     def __init__(self) -> None:
         self._all: dict[PostedRecv, None] = {}  # insertion order: the order posted
         self._by_key: dict[tuple[int | None, int], deque[PostedRecv]] = {}
+        self._per_src: dict[int | None, int] = {}  # receives posted per source (None: any)
         self._count = itertools.count(1)
 
     def __bool__(self) -> bool:
@@ -52,6 +53,7 @@ class PostedRecvs:
         pr.order = next(self._count)
         self._all[pr] = None
         self._by_key.setdefault((pr.src, pr.tag), deque()).append(pr)
+        self._per_src[pr.src] = self._per_src.get(pr.src, 0) + 1
 
     def remove(self, pr: PostedRecv) -> None:
         del self._all[pr]
@@ -63,6 +65,16 @@ class PostedRecvs:
             waiting.remove(pr)
         if not waiting:
             del self._by_key[key]
+        left = self._per_src[pr.src] - 1
+        if left:
+            self._per_src[pr.src] = left
+        else:
+            del self._per_src[pr.src]
+
+    def asks_for(self, src: int) -> bool:
+        """Whether a posted receive may take a message from ``src`` (one naming it, or one
+        from any peer), whatever its tag."""
+        return src in self._per_src or None in self._per_src
 
     def match(self, src: int, tag: int) -> PostedRecv | None:
         """The receive a message from ``src`` with ``tag`` fills: the oldest of those naming
