@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 #: Interface whose address peers connect to, in NCCL_SOCKET_IFNAME's syntax: a comma list of
 #: names or prefixes (first with an address wins, IPv4 before IPv6), ``=`` for exact names, ``^`` to
-#: exclude (``rendezvous.choose_address``).
+#: exclude (``address.choose_address``).
 SOCKET_IFNAME_ENV = "MCCL_SOCKET_IFNAME"
 #: "0" selects the staging hand-off (copy out, wait, copy back) instead of in-place host views.
 UNIFIED_ENV = "MCCL_UNIFIED_COLLECTIVE"

@@ -31,13 +31,8 @@ from .bench.report import prepare_output
 from .bench.spawn import free_port
 from .device.mps import ALIAS_API, alias_api
 from .transport import fdlimit
+from .transport.address import choose_address, interface_names, ipv4_address, route_address
 from .transport.ifaddrs import ipv6_addresses
-from .transport.rendezvous import (
-    _ifname_address,
-    _route_address,
-    choose_address,
-    interface_names,
-)
 
 SELFTEST_TIMEOUT_S = 180.0
 RING_ELEMS = 4 << 20  # 16 MB float32: the ring path, big enough to see a bandwidth
@@ -55,7 +50,7 @@ def best_device() -> str:
 
 
 def _interfaces() -> list[dict[str, Any]]:
-    return [{"name": name, "ipv4": _ifname_address(name), "ipv6": ipv6_addresses(name)}
+    return [{"name": name, "ipv4": ipv4_address(name), "ipv6": ipv6_addresses(name)}
             for name in interface_names()]
 
 
@@ -125,7 +120,7 @@ def capabilities() -> dict[str, Any]:
     if torch.cuda.is_available():
         cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     if address is None:
-        address = _route_address(master)
+        address = route_address(master)
     return {
         "mccl": __version__,
         "python": sys.version.split()[0],

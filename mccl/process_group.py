@@ -39,6 +39,7 @@ from .errors import CollectiveError, setup_error
 from .monitor import monitored_barrier
 from .ops import Kind, describe, signature, wire_dtype, wire_numel
 from .reduce import Op, check
+from .transport.address import choose_address
 from .transport.framing import P2P, Signature
 from .transport.mesh import Mesh
 from .transport.rendezvous import (
@@ -50,7 +51,6 @@ from .transport.rendezvous import (
     await_give_ups,
     check_claims,
     check_rank,
-    choose_address,
     claim_rank,
     close_telling,
     connect_mesh,

@@ -490,7 +490,7 @@ def test_pg_options_are_named_as_ignored_once() -> None:
 
 
 def test_socket_ifname_unknown_interface_is_clear() -> None:
-    from mccl.transport.rendezvous import choose_address
+    from mccl.transport.address import choose_address
 
     with pytest.raises(ValueError, match="MCCL_SOCKET_IFNAME"):
         choose_address("no-such-if0", None)
@@ -508,15 +508,15 @@ MAC_IFACES = {"lo0": "127.0.0.1", "en0": "192.168.1.5", "en1": None, "utun0": No
 
 @pytest.fixture
 def on_a_mac(monkeypatch: pytest.MonkeyPatch):
-    """rendezvous, seeing MAC_IFACES as this machine's interfaces, the route to the master
+    """address, seeing MAC_IFACES as this machine's interfaces, the route to the master
     through en0."""
-    from mccl.transport import rendezvous as rdv
+    from mccl.transport import address
 
-    monkeypatch.setattr(rdv, "interface_names", lambda: list(MAC_IFACES))
-    monkeypatch.setattr(rdv, "_ifname_address", MAC_IFACES.get)
-    monkeypatch.setattr(rdv, "_ifname_ipv6", lambda name: None)
-    monkeypatch.setattr(rdv, "_route_address", lambda master: "192.168.1.5")
-    return rdv
+    monkeypatch.setattr(address, "interface_names", lambda: list(MAC_IFACES))
+    monkeypatch.setattr(address, "ipv4_address", MAC_IFACES.get)
+    monkeypatch.setattr(address, "_ifname_ipv6", lambda name: None)
+    monkeypatch.setattr(address, "route_address", lambda master: "192.168.1.5")
+    return address
 
 
 @pytest.mark.parametrize("spec,want", [
@@ -550,7 +550,7 @@ def test_socket_ifname_that_leaves_nothing_is_clear(spec: str, words: str, on_a_
 
 def test_socket_ifname_exclusion_prefers_the_route_to_the_master(
         on_a_mac, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(on_a_mac, "_route_address", lambda master: "10.0.0.1")
+    monkeypatch.setattr(on_a_mac, "route_address", lambda master: "10.0.0.1")
     assert on_a_mac.choose_address("^lo", "mac0.local") == "10.0.0.1"  # not en0, the first
 
 
@@ -594,7 +594,7 @@ def test_an_ipv6_master_gives_ipv6_connections() -> None:
     ("fe80::1%en0", 65535, "[fe80::1%en0]:65535"),
 ])
 def test_listen_addresses_round_trip(host: str, port: int, text: str) -> None:
-    from mccl.transport.rendezvous import join_host_port, split_host_port
+    from mccl.transport.address import join_host_port, split_host_port
 
     assert join_host_port(host, port) == text
     assert split_host_port(text) == (host, port)
@@ -606,16 +606,16 @@ def test_a_link_local_address_keeps_its_interface_and_is_dialled_through_ours() 
     this rank's interface, whose name may differ."""
     import socket
 
-    from mccl.transport import rendezvous as rdv
+    from mccl.transport import address
 
     lo = socket.if_nameindex()[0]
-    assert rdv._with_scope(("fe80::1", 0, 0, lo[0])) == f"fe80::1%{lo[1]}"
-    assert rdv._with_scope(("fe80::1%x", 0, 0, lo[0])) == "fe80::1%x"
-    assert rdv._with_scope(("fd00::2", 0, 0, 0)) == "fd00::2"
-    assert rdv._with_scope(("10.0.0.2", 0)) == "10.0.0.2"
-    assert rdv._through_own_interface("fe80::2%en1", "fe80::1%en0") == "fe80::2%en0"
-    assert rdv._through_own_interface("fd00::2", "fd00::1") == "fd00::2"
-    assert rdv._through_own_interface("10.0.0.2", "10.0.0.1") == "10.0.0.2"
+    assert address._with_scope(("fe80::1", 0, 0, lo[0])) == f"fe80::1%{lo[1]}"
+    assert address._with_scope(("fe80::1%x", 0, 0, lo[0])) == "fe80::1%x"
+    assert address._with_scope(("fd00::2", 0, 0, 0)) == "fd00::2"
+    assert address._with_scope(("10.0.0.2", 0)) == "10.0.0.2"
+    assert address.through_own_interface("fe80::2%en1", "fe80::1%en0") == "fe80::2%en0"
+    assert address.through_own_interface("fd00::2", "fd00::1") == "fd00::2"
+    assert address.through_own_interface("10.0.0.2", "10.0.0.1") == "10.0.0.2"
 
 
 def test_the_route_prefers_the_masters_ipv4_address(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -623,17 +623,17 @@ def test_the_route_prefers_the_masters_ipv4_address(monkeypatch: pytest.MonkeyPa
     keeps the IPv4 route every earlier version took; an IPv6-only one gets IPv6."""
     import socket
 
-    from mccl.transport import rendezvous as rdv
+    from mccl.transport import address
 
     both = [(socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 9, 0, 0)),
             (socket.AF_INET, socket.SOCK_DGRAM, 17, "", ("127.0.0.1", 9))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: both)
-    assert rdv._resolve("localhost") == (socket.AF_INET, ("127.0.0.1", 9))
+    assert address._resolve("localhost") == (socket.AF_INET, ("127.0.0.1", 9))
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: both[:1])
-    assert rdv._resolve("[::1]") == (socket.AF_INET6, ("::1", 9, 0, 0))
+    assert address._resolve("[::1]") == (socket.AF_INET6, ("::1", 9, 0, 0))
     monkeypatch.undo()
-    assert rdv._resolve("no-such-host.invalid") is None
-    assert rdv._route_address("127.0.0.1") == "127.0.0.1"
+    assert address._resolve("no-such-host.invalid") is None
+    assert address.route_address("127.0.0.1") == "127.0.0.1"
 
 
 @pytest.mark.parametrize("spec,want", [
@@ -714,7 +714,7 @@ def test_chunk_cap_follows_the_fewest_cores_per_rank() -> None:
     """Ranks sharing a machine share its cores; a rank's own affinity mask can be smaller;
     the group takes the fewest. Below MIN_CORES_PER_RANK the CPU-bound cap applies."""
     from mccl.algorithms import base
-    from mccl.transport.rendezvous import fewest_cores
+    from mccl.transport.machine import fewest_cores
 
     assert fewest_cores([("a", 16, 16)] * 8) == 2.0  # 8 ranks on one 16-core machine
     assert fewest_cores([("a", 2, 2)] * 4) == 0.5  # 4 ranks on 2 cores
@@ -729,19 +729,19 @@ def test_machines_sharing_a_host_name_differ_by_their_boot(monkeypatch) -> None:
     """Macs imaged alike share a host name: their boot session ids (``kern.bootsessionuuid``
     on macOS; this is the plumbing, faked: no Mac here) still tell them apart, so their
     cores are not pooled as one machine's. Without any boot id they count as one."""
-    from mccl.transport import rendezvous
+    from mccl.transport import machine
 
-    monkeypatch.setattr(rendezvous, "_BOOT_ID", "/nonexistent/boot_id")
-    monkeypatch.setattr(rendezvous.sys, "platform", "darwin")
-    monkeypatch.setattr(rendezvous.socket, "gethostname", lambda: "Mac-Studio.local")
+    monkeypatch.setattr(machine, "_BOOT_ID", "/nonexistent/boot_id")
+    monkeypatch.setattr(machine.sys, "platform", "darwin")
+    monkeypatch.setattr(machine.socket, "gethostname", lambda: "Mac-Studio.local")
     ids = []
     for boot in ("5A0C6E2B-0000-4000-8000-000000000001",
                  "5A0C6E2B-0000-4000-8000-000000000002", "", ""):
-        monkeypatch.setattr(rendezvous, "_sysctl_string", lambda name, b=boot: b)
-        ids.append(rendezvous._machine_id())
+        monkeypatch.setattr(machine, "sysctl_string", lambda name, b=boot: b)
+        ids.append(machine.machine_id())
     assert ids[0] != ids[1] and ids[2] == ids[3] and len(set(ids)) == 3
     monkeypatch.undo()
-    got = rendezvous._sysctl_string(b"kern.bootsessionuuid")
+    got = machine.sysctl_string(b"kern.bootsessionuuid")
     if sys.platform == "darwin":
         assert len(got) >= 32, got  # read for real where the tests run on a Mac
     else:
@@ -755,11 +755,11 @@ def _chunk_caps(rank: int, w: int, port: int) -> dict:
 
     import mccl  # noqa: F401
     from mccl.algorithms import base
-    from mccl.transport import rendezvous
+    from mccl.transport import machine
 
     own = [64] * w
     own[1] = 1
-    rendezvous.machine_facts = lambda: (f"machine{rank}", 64, own[rank])
+    machine.machine_facts = lambda: (f"machine{rank}", 64, own[rank])
     store = dist.TCPStore("127.0.0.1", port, w, is_master=rank == 0,
                           timeout=timedelta(seconds=30))
     dist.init_process_group("mccl", store=store, rank=rank, world_size=w)

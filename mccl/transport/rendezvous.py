@@ -11,27 +11,22 @@ claimed once there, so two jobs sharing a store by mistake fail instead of pairi
 from __future__ import annotations
 
 import errno
-import fcntl
-import hashlib
-import ipaddress
 import logging
 import os
 import queue
 import secrets
 import selectors
 import socket
-import struct
-import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
-from . import handshake
+from . import handshake, machine
+from .address import join_host_port, split_host_port, stream_address, through_own_interface
 from .fdlimit import GROUP_EXTRA_FDS, make_room
 from .framing import ERROR, HEADER_SIZE, after_states, error_frame
-from .ifaddrs import ipv6_addresses
 from .tcp import peek
 
 log = logging.getLogger("mccl.rendezvous")
@@ -66,8 +61,6 @@ GAVE_UP_LINGER_S = 2.0
 STORE_GRACE_S = 1.0
 #: The thread that runs a store's calls ends once it had none for this long.
 STORE_IDLE_S = 1.0
-#: Port a route lookup "connects" its UDP socket to (nothing is sent).
-DISCARD_PORT = 9
 #: Pause between attempts to reach a peer whose listener is not up yet.
 CONNECT_RETRY_S = 0.05
 #: A rank listens before it publishes its address and keeps listening until every rank that
@@ -97,14 +90,6 @@ LISTEN_BACKLOG = 128
 MAX_PENDING = 256
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
                      errno.ECONNABORTED, errno.EPROTO}
-
-
-#: Linux names each boot of a machine; network namespaces (the emulated hosts) share it.
-_BOOT_ID = "/proc/sys/kernel/random/boot_id"
-#: Longest interface name (IFNAMSIZ less its NUL, Linux and macOS alike).
-IFNAME_MAX_BYTES = 15
-#: Room for a string read with sysctlbyname (a UUID is 36 characters).
-SYSCTL_MAX_BYTES = 128
 
 
 class Store(Protocol):
@@ -498,170 +483,6 @@ def check_claims(store: Store, group_name: str) -> None:
         raise RuntimeError(twice)
 
 
-def _ifname_address(ifname: str) -> str | None:
-    """IPv4 address of an interface via SIOCGIFADDR (Linux and macOS constants)."""
-    if sys.platform.startswith("linux"):
-        req = 0x8915
-    elif sys.platform == "darwin":
-        req = 0xC0206921
-    else:
-        return None
-    name = ifname.encode()
-    if not name or len(name) > IFNAME_MAX_BYTES or b"\0" in name:
-        return None  # the kernel would read a prefix of it: another interface's name
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        res = fcntl.ioctl(s.fileno(), req, struct.pack("16s24s", name, b"\0" * 24))
-    except OSError:
-        return None
-    finally:
-        s.close()
-    return socket.inet_ntoa(res[20:24])
-
-
-def _ifname_ipv6(ifname: str) -> str | None:
-    """The interface's first IPv6 address (global before link-local), or None."""
-    found = ipv6_addresses(ifname)
-    return found[0] if found else None
-
-
-def _interface_address(ifname: str) -> str | None:
-    """The address to use on an interface: its IPv4 address, else an IPv6 one."""
-    return _ifname_address(ifname) or _ifname_ipv6(ifname)
-
-
-def _is_loopback(addr: str) -> bool:
-    return ipaddress.ip_address(addr.split("%", 1)[0]).is_loopback
-
-
-def _resolve(host: str) -> tuple[int, tuple] | None:
-    """(family, sockaddr) of ``host`` (a name, an address, or an IPv6 address in brackets):
-    its IPv4 address if it has one (what every earlier version used), else its IPv6 one."""
-    try:
-        infos = socket.getaddrinfo(host.strip().strip("[]"), DISCARD_PORT,
-                                   type=socket.SOCK_DGRAM)
-    except (OSError, UnicodeError):
-        return None
-    for family in (socket.AF_INET, socket.AF_INET6):
-        for fam, _, _, _, sockaddr in infos:
-            if fam == family:
-                return fam, sockaddr
-    return None
-
-
-def _route_address(master: str | None) -> str:
-    """The local address this host uses to reach the master (UDP connect sends nothing):
-    IPv4 where the master has an IPv4 address, else IPv6."""
-    found = _resolve(master) if master else None
-    if found is not None:
-        family, sockaddr = found
-        try:
-            s = socket.socket(family, socket.SOCK_DGRAM)
-            try:
-                s.connect(sockaddr)
-                return _with_scope(s.getsockname())
-            finally:
-                s.close()
-        except OSError:
-            pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def _with_scope(sockaddr: tuple) -> str:
-    """The host of a socket address, with its interface (``%en0``) where IPv6 needs one: a
-    link-local address means nothing without it."""
-    host = sockaddr[0]
-    scope = sockaddr[3] if len(sockaddr) > 3 else 0
-    if scope and "%" not in host:
-        try:
-            host = f"{host}%{socket.if_indextoname(scope)}"
-        except OSError:
-            host = f"{host}%{scope}"
-    return host
-
-
-def _through_own_interface(host: str, own: str) -> str:
-    """A peer's link-local IPv6 address names the peer's interface (``fe80::1%en1``), which
-    means nothing on this machine: reach it through this rank's own interface instead."""
-    if "%" in host and "%" in own:
-        return f"{host.split('%', 1)[0]}%{own.split('%', 1)[1]}"
-    return host
-
-
-def join_host_port(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 host in brackets (``[fe80::1%en0]:29500``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def split_host_port(addr: str) -> tuple[str, int]:
-    """The inverse of ``join_host_port``."""
-    host, port = addr.rsplit(":", 1)
-    return host.strip("[]"), int(port)
-
-
-def _stream_address(host: str, port: int) -> tuple[int, tuple]:
-    """(family, sockaddr) to bind or connect a TCP socket to a numeric ``host``."""
-    fam, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                flags=socket.AI_NUMERICHOST)[0]
-    return fam, sockaddr
-
-
-def interface_names() -> list[str]:
-    """Interface names in the kernel's order (Linux and macOS)."""
-    try:
-        return [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return []
-
-
-def choose_address(ifname: str | None, master: str | None) -> str:
-    """Address to listen on and advertise: MCCL_SOCKET_IFNAME if set, else the master route.
-
-    The syntax is NCCL's (``NCCL_SOCKET_IFNAME``), which users of other backends already
-    write: a comma list of names, tried in order, then as prefixes (``en`` matches ``en0``)
-    unless ``=`` in front asks for exact names only; ``^`` in front excludes the listed ones
-    and takes another (the one on the route to the master if it qualifies, else the first
-    that is not loopback). The first match with an address wins: its IPv4 address, else an
-    IPv6 one (global before link-local).
-    """
-    if not ifname:
-        return _route_address(master)
-    spec = ifname.strip()
-    exclude = spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r} names no interface (e.g. en0, "
-                         "en0,en1, =en0 or ^lo,docker)")
-    here = interface_names()
-
-    def matches(name: str, want: str) -> bool:
-        return name == want or (not exact and name.startswith(want))
-
-    if exclude:
-        kept = [a for n in here if not any(matches(n, w) for w in names)
-                for a in [_interface_address(n)] if a]
-        if kept:
-            route = _route_address(master)
-            return next((a for a in kept if a == route),
-                        next((a for a in kept if not _is_loopback(a)), kept[0]))
-    else:  # the exact names in the list's order, then (unless '=') the names they start
-        tries = names + ([n for w in names for n in here if n != w and matches(n, w)]
-                         if not exact else [])
-        for name in tries:
-            addr = _interface_address(name)
-            if addr:
-                return addr
-    what = "other than those" if exclude else "matching that"
-    raise ValueError(f"MCCL_SOCKET_IFNAME={ifname!r}: no interface {what} has an IPv4 or IPv6 "
-                     f"address (interfaces here: {', '.join(here) or 'none found'})")
-
-
 def shared_secret(store: Store, ns: str, rank: int, timeout_s: float,
                   members: Sequence[int] | None = None) -> bytes:
     key = ns + "secret/0"
@@ -889,7 +710,7 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
     unless the group cannot form: a rank gave up (``watch``), or ``peer`` refuses the
     connection (``REFUSED_FOR_S``)."""
     host, port = split_host_port(addr)
-    family, sockaddr = _stream_address(_through_own_interface(host, own), port)
+    family, sockaddr = stream_address(through_own_interface(host, own), port)
     last: Exception | None = None
     refused_since: float | None = None
     while time.monotonic() < deadline:
@@ -965,7 +786,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
     deadline = time.monotonic() + timeout_s
     secret = shared_secret(store, ns, rank, timeout_s, members)
     make_room(size - 1 + GROUP_EXTRA_FDS, f"rank {rank} of group {group_name!r} ({size} ranks)")
-    family, sockaddr = _stream_address(address, 0)
+    family, sockaddr = stream_address(address, 0)
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.bind(sockaddr)
@@ -996,75 +817,6 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         listener.close()
     log.debug("rank %d connected to %d peers in group %s", rank, len(socks), group_name)
     return group, socks
-
-
-def _machine_id() -> str:
-    """Which machine this process runs on: the host name and the id of the machine's current
-    boot (``_boot_session``), so that machines imaged alike (one host name) still differ.
-    Where no boot id can be read, machines that share a host name count as one (then the
-    group is only treated as short of cores, never the other way round)."""
-    ident = socket.gethostname() + "/" + _boot_session()
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
-
-
-def _boot_session() -> str:
-    """This boot's id: Linux's ``boot_id`` (shared by network namespaces, so emulated hosts
-    count as one machine), macOS's ``kern.bootsessionuuid``; "" where neither can be read."""
-    try:
-        with open(_BOOT_ID) as f:
-            return f.read().strip()
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        return _sysctl_string(b"kern.bootsessionuuid")
-    return ""
-
-
-def _sysctl_string(name: bytes) -> str:
-    """A string value from the BSD ``sysctlbyname`` call (macOS, through ctypes: no compiler,
-    no subprocess); "" if it cannot be read."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        size = ctypes.c_size_t(SYSCTL_MAX_BYTES)
-        buf = ctypes.create_string_buffer(SYSCTL_MAX_BYTES)
-        if libc.sysctlbyname(name, buf, ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
-            return ""
-        return buf.value.decode(errors="replace")
-    except (OSError, AttributeError, ValueError):
-        return ""
-
-
-def machine_cores() -> int:
-    """The machine's core count (at least 1 where the OS does not say)."""
-    return max(1, os.cpu_count() or 1)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: its affinity mask where the OS has one (Linux), else the
-    machine's count (macOS)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is not None:
-        try:
-            return max(1, len(affinity(0)))
-        except OSError:
-            pass
-    return machine_cores()
-
-
-def machine_facts() -> tuple[str, int, int]:
-    """(machine, its core count, this process's usable cores), as ``cores_per_rank``
-    publishes them."""
-    return _machine_id(), machine_cores(), usable_cores()
-
-
-def fewest_cores(facts: list[tuple[str, int, int]]) -> float:
-    """Min over ranks of min(own usable cores, machine cores / ranks on that machine)."""
-    on_machine: dict[str, int] = {}
-    for machine, _, _ in facts:
-        on_machine[machine] = on_machine.get(machine, 0) + 1
-    return min(min(own, total / on_machine[machine]) for machine, total, own in facts)
 
 
 def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
@@ -1140,12 +892,12 @@ def cores_per_rank(store: Store, rank: int, size: int, group_name: str,
     """The fewest cores any rank of the group can count on (``fewest_cores``): each rank
     publishes its ``machine_facts`` and reads everyone's, so every rank computes the same
     value. A key left by an earlier group of the same name holds the same rank's facts."""
-    mine = machine_facts()
+    mine = machine.machine_facts()
     if size == 1:
-        return fewest_cores([mine])
+        return machine.fewest_cores([mine])
     facts = [mine]
     for v in _exchange(store, namespace(group_name), "cores", rank, " ".join(map(str, mine)),
                        [r for r in range(size) if r != rank], timeout_s, members):
-        machine, total, own = v.split()
-        facts.append((machine, int(total), int(own)))
-    return fewest_cores(facts)
+        host, total, own = v.split()
+        facts.append((host, int(total), int(own)))
+    return machine.fewest_cores(facts)
