@@ -511,9 +511,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         if collective:  # (a weak reference: a Work kept after destroy keeps no engine alive)
             engine, seq = weakref.ref(self._engine), job.seq
             work.waiting = lambda: e.waiting_text(seq) if (e := engine()) is not None else ""
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
+        return self._coalesce(work)
 
     # ---- collectives ----
     def allreduce(self, tensors, opts=None):
@@ -895,6 +893,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             else:  # the sender thread's OSError, explained (e.g. no progress for the timeout)
                 failed(f"mccl send: {mesh.peer(dst).send_failure()}")
 
+        broken = engine.error  # (its connections close only seconds after it broke)
+        if broken is not None:
+            work.fail(CollectiveError(f"mccl send to rank {dst} not sent: the group failed "
+                                      f"earlier: {broken}", op="send", peer=broken.peer))
+            return self._coalesce(work)
         try:
             mesh.check_open(dst)  # no reader watches an idle group: look before sending
             # (a strided or lazy neg/conj view goes out as a plain copy, taken now: a send's
@@ -906,6 +909,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             failed(f"mccl send: {e}")
         except Exception as e:  # noqa: BLE001
             failed(f"mccl send to rank {dst} failed: {e}")
+        return self._coalesce(work)
+
+    def _coalesce(self, work: Work) -> Work:
+        """``work`` joins the open coalescing block, if any."""
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

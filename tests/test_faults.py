@@ -1078,3 +1078,37 @@ def test_a_failed_group_is_freed_once_destroyed() -> None:
     results = run_ranks(_failed_groups_are_freed, 3, port + 1, init=False, timeout=120)
     for rank, left in enumerate(results):
         assert left == [(0, 0)] * 3, (rank, left)
+
+
+def _ops_after_a_failed_receive(rank: int, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    out: dict = {}
+    if rank == 0:  # rank 1 never sends: the receive times out and the group fails
+        out["recv"] = _outcome(lambda: dist.recv(torch.empty(4), src=1, group=g))
+        out["isend"] = _outcome(lambda: dist.isend(torch.ones(4), dst=1, group=g).wait())
+        out["send"] = _outcome(lambda: dist.send(torch.ones(4), dst=1, group=g))
+        out["all_reduce"] = _outcome(lambda: dist.all_reduce(torch.ones(4), group=g))
+        store.set("after_failed_recv/done", "1")
+    else:
+        store.wait(["after_failed_recv/done"])
+        time.sleep(0.2)  # rank 0's report of its failure has arrived
+        out["isend"] = _outcome(lambda: dist.isend(torch.ones(4), dst=0, group=g).wait())
+    dist.barrier()
+    return out
+
+
+def test_ops_after_a_failed_receive_are_refused() -> None:
+    """Once a receive failed, the group is broken: a CPU send (which does not queue) was
+    let through on this rank until the failure closed the connections, seconds later, and
+    "completed" although the group had failed. Every later op, on both ranks, must fail."""
+    res = run_ranks(_ops_after_a_failed_receive, 2, timeout=120, pg_timeout_s=60)
+    assert "no message" in res[0]["recv"] or "Timeout" in res[0]["recv"], res[0]
+    for rank, out in enumerate(res):
+        for op, said in out.items():
+            assert said != "NO ERROR", (rank, op, out)
+    for op in ("isend", "send", "all_reduce"):
+        assert "failed" in res[0][op], (op, res[0])
