@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -780,3 +781,30 @@ def test_ranks_get_the_callers_environment_as_it_is_now(method: str, monkeypatch
     monkeypatch.delenv("MCCL_TEST_REMOVED_LATER")
     got = spawn.run_ranks(_env_and_sum, 2, names, env={"MCCL_TEST_GIVEN": "g"}, timeout=120)
     assert got == [(("now", None, "g"), [3.0] * 5)] * 2
+
+
+def _last_rank_dies_or_hangs(rank: int, world: int, how: str) -> int:
+    import os
+
+    if rank == world - 1:
+        if how == "dies":
+            os._exit(7)
+        time.sleep(60)
+    return rank
+
+
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_run_ranks_tells_a_rank_that_died_from_one_that_hung(how: str) -> None:
+    """A rank that exited without a result was reported as one that "did not finish within"
+    the timeout, which sends whoever reads it looking for a hang."""
+    from mccl.bench import spawn
+
+    with pytest.raises(spawn.RanksFailed) as caught:
+        spawn.run_ranks(_last_rank_dies_or_hangs, 2, how, init=False,
+                        timeout=120 if how == "dies" else 3)
+    said = str(caught.value)
+    if how == "dies":
+        assert "rank 1 exited with code 7 without a result" in said, said
+        assert "did not finish" not in said, said
+    else:
+        assert "ranks [1] did not finish within 3s" in said, said

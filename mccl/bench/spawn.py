@@ -146,6 +146,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
                 continue
             results[rank] = (ok, value)
     finally:
+        # (a rank that died without a result, e.g. by os._exit or a signal, is told apart
+        # from one that timed out)
+        exited = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode is not None}
         for r in expect_missing:
             procs[r].kill()
         for p in procs:
@@ -157,8 +160,12 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "mc
     missing = sorted(wanted - set(results))
     if missing:
         detail = "\n".join(f"rank {r}: {v}" for r, (ok, v) in results.items() if not ok)
-        raise RanksFailed(f"{backend}: ranks {missing} did not finish within {timeout:.0f}s\n"
-                          f"{detail}")
+        died = {r: exited[r] for r in missing if r in exited}
+        late = [r for r in missing if r not in died]
+        why = "; ".join(
+            ([f"ranks {late} did not finish within {timeout:.0f}s"] if late else [])
+            + [f"rank {r} exited with code {code} without a result" for r, code in died.items()])
+        raise RanksFailed(f"{backend}: {why}\n{detail}")
     failed = {r: v for r, (ok, v) in results.items() if not ok}
     if failed and not allow_fail:
         raise RanksFailed(f"{backend} failed:\n" + "\n".join(
