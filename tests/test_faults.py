@@ -662,10 +662,14 @@ def _later_than_the_timeout(rank: int, world: int, size: int) -> str:
 
     from mccl import CollectiveError
 
+    # On 3 ranks a small all-reduce has rank 2 wait on rank 0 alone: if rank 0 came late (its
+    # start after init skewed by half a second and more on a loaded machine), rank 2 timed out
+    # first and named it. A barrier first (op #1) lines the ranks up; rank 2 then comes 0.5 s
+    # after rank 0.
+    dist.barrier()
     if rank == 1:
         time.sleep(4.5)
-    elif rank == 2:  # (on 3 ranks a small all-reduce has rank 2 wait on rank 0 alone: if rank
-        # 0 came a second late, say on a loaded machine, rank 2 timed out first and named it)
+    elif rank == 2:
         time.sleep(0.5)
     t = torch.ones(size)
     try:
@@ -681,9 +685,9 @@ def test_a_rank_later_than_the_timeout_fails_the_op_its_peers_failed(size: int) 
     sockets, returned the full sum, and heard of their failure only at its next op."""
     res = run_ranks(_later_than_the_timeout, 3, size, timeout=60, pg_timeout_s=2)
     late = res[1]
-    assert "op #1" in late and "gave up on rank 1" in late, late
+    assert "op #2" in late and "gave up on rank 1" in late, late
     for rank in (0, 2):
-        assert "op #1" in res[rank] and "rank 1" in res[rank], res[rank]
+        assert "op #2" in res[rank] and "rank 1" in res[rank], res[rank]
 
 
 def _a_wait_that_times_out(rank: int, world: int) -> list[str]:
