@@ -15,6 +15,7 @@ import torch
 
 from .algorithms import direct, doubling, grid, ring
 from .algorithms.base import Channel, Scratch, split
+from .errors import InStepError
 from .reduce import UPCAST, Op, finisher, reducer
 
 #: At or below this many bytes, all-reduce and reduce use recursive doubling instead of the
@@ -245,7 +246,8 @@ def sparse_all_reduce(ch: Channel, t: torch.Tensor, base: torch.Tensor | None) -
     sizes and indices, then the values. Every rank sums the same concatenation, in rank
     order, so every rank ends with the same bits. Half types are not coalesced before they
     travel, so every entry is summed once, in float32, and rounded once. Every rank sees
-    every rank's shape before the values move, so a mismatch fails on all of them alike.
+    every rank's shape before the values move, so a mismatch fails on all of them alike,
+    after the same exchange (``InStepError``: the group stays usable).
     """
     w, r = ch.size, ch.rank
     up = UPCAST.get(t.dtype)
@@ -255,7 +257,7 @@ def sparse_all_reduce(ch: Channel, t: torch.Tensor, base: torch.Tensor | None) -
     heads = [np.empty(3, dtype=np.int64) for _ in range(w)]
     direct.all_to_all(ch, [head.view(np.uint8)] * w, [h.view(np.uint8) for h in heads])
     if len({(int(h[1]), int(h[2])) for h in heads}) > 1:
-        raise ValueError("mccl all_reduce: ranks passed sparse tensors of different shapes: "
+        raise InStepError("mccl all_reduce: ranks passed sparse tensors of different shapes: "
                          + ", ".join(f"rank {i}: {int(h[2])} dims, {int(h[1])} sparse"
                                      for i, h in enumerate(heads)))
     sparse_dim, ndim = c.sparse_dim(), c.dim()
@@ -265,7 +267,7 @@ def sparse_all_reduce(ch: Channel, t: torch.Tensor, base: torch.Tensor | None) -
     direct.all_to_all(ch, [meta.view(np.uint8)] * w, [m.view(np.uint8) for m in metas])
     shapes = [tuple(int(x) for x in m[:ndim]) for m in metas]
     if len(set(shapes)) > 1:
-        raise ValueError("mccl all_reduce: ranks passed sparse tensors of different sizes: "
+        raise InStepError("mccl all_reduce: ranks passed sparse tensors of different sizes: "
                          + ", ".join(f"rank {i}: {s}" for i, s in enumerate(shapes)))
     row = math.prod(c.shape[sparse_dim:])  # elements per entry
     vals = [torch.empty(int(h[0]) * row, dtype=val.dtype) for h in heads]

@@ -39,7 +39,7 @@ import torch
 from .algorithms.base import Scratch
 from .device import Handoff
 from .device.strided import SpanIndex, byte_span, spans_meet
-from .errors import CollectiveError
+from .errors import CollectiveError, InStepError
 from .transport.framing import DATA, Signature, pack_header
 from .transport.mesh import MISMATCH, Mesh, MismatchError
 from .transport.tcp import PeerError
@@ -542,6 +542,11 @@ class Engine:
                     mesh.check_reports(ch.last_from)  # did the op fail there meanwhile?
                 job.handoff.release()
                 mesh.end_op()
+        except InStepError as e:  # every rank stopped here, its exchanges done: in step
+            _discard(job)
+            mesh.end_op()
+            job.work.fail(e)
+            return True
         except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
             self._parked.remove(job)
             self._fail(job, e)

@@ -17,6 +17,13 @@ class CollectiveError(dist.DistBackendError):
         self.peer = peer
 
 
+class InStepError(ValueError):
+    """Bad input that every rank of an op finds at the same point, from what they all
+    exchanged, with nothing of the op left in flight (e.g. sparse tensors of different
+    sizes): the op fails on every rank with this error and the group stays usable, as
+    gloo's does, where other failures inside an op break the group."""
+
+
 #: The twin of each OS error class a group's set-up raised (``setup_error``).
 _TWINS: dict[type, type] = {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import os
 import threading
 import time
@@ -387,12 +388,26 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             raise ValueError(f"mccl {op}: expects exactly one tensor per call, got {len(tensors)}")
         return tensors[0]
 
+    @staticmethod
+    def _int(op: str, what: str, value) -> int:
+        """An int argument as torch's C++ groups take it (anything with ``__index__``: a
+        numpy integer, a one-element integer tensor); a float or a string is refused, not
+        truncated, and a tensor never reaches the ``(peer, tag)`` matching, which would hash
+        it by identity."""
+        try:
+            return operator.index(value)
+        except TypeError:
+            raise TypeError(f"mccl {op}: {what} must be an int, got {value!r} "
+                            f"({type(value).__name__})") from None
+
     def _root(self, op: str, root: int) -> int:
+        root = self._int(op, "the root rank", root)
         if not 0 <= root < self.size():
             raise ValueError(f"mccl {op}: root rank {root} is outside the group of {self.size()}")
         return root
 
     def _peer(self, op: str, peer: int) -> int:
+        peer = self._int(op, "the peer rank", peer)
         if not 0 <= peer < self.size():
             raise ValueError(f"mccl {op}: rank {peer} is outside the group of {self.size()}")
         if peer == self.rank():
@@ -401,7 +416,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
     def _tag(self, op: str, tag: int) -> int:
         """A p2p tag travels as a signed 32-bit field; one value is mccl's own."""
-        if not isinstance(tag, int) or not -(1 << 31) <= tag < (1 << 31) or tag == _MONITOR_TAG:
+        tag = self._int(op, "the tag", tag)
+        if not -(1 << 31) <= tag < (1 << 31) or tag == _MONITOR_TAG:
             raise ValueError(f"mccl {op}: tag {tag!r} is not supported (an int from -2**31 to "
                              f"2**31 - 1, except {_MONITOR_TAG})")
         return tag
@@ -453,7 +469,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
                 collective: bool = True, opts=None, start=None, segmented=None,
                 device: torch.device | None | object = _UNCHECKED, park=None,
-                placements: Sequence[Placement] = (), sink: bool = False,
+                placements: Sequence[Placement] = (),
                 refused: BaseException | None = None) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
@@ -461,12 +477,11 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         ``segmented(io)``: called when a staged hand-off copies the one tensor piece by piece
         in the ring's order (all-reduce only), before the op is queued. ``placements``: where
         an input may share memory with an output (the op's in-place layout); an input that
-        shares it otherwise is read from a copy (``clashing_inputs``). ``sink``: a rooted op
-        whose other ranks cannot tell that this rank's result tensor could not take the result
-        (an expanded view): the op runs with a private copy in its place, so every rank
-        completes it and the group stays in step, and the Work then fails with the
-        ``ValueError`` (elsewhere it is raised before any byte moves); ``refused``: an error
-        found before, that the Work fails with that way."""
+        shares it otherwise is read from a copy (``clashing_inputs``). A result tensor that
+        cannot take the result (an expanded view) is something this rank's peers cannot tell:
+        the op runs with a private copy in its place, so every rank completes it and the group
+        stays in step, and the Work then fails with the ``ValueError``; ``refused``: an error
+        found before, that the Work fails the same way."""
         if device is _UNCHECKED:
             device = self._device_of(name, tensors)
         adapter = self._adapter(device)
@@ -475,8 +490,6 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             try:
                 self._writable(name, tensors, writes)
             except ValueError as e:
-                if not sink:
-                    raise
                 refused = refused or e
                 tensors = [t.contiguous() if w and overlaps_itself(t) else t
                            for t, w in zip(tensors, writes, strict=True)]
@@ -590,8 +603,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         scratch = self._engine.scratch
         return self._submit(op_name, sig, lambda ch, h: coll.broadcast(ch, h[0], root, scratch),
-                            [t], [is_root], [not is_root], [t], opts=opts, device=device,
-                            sink=True)
+                            [t], [is_root], [not is_root], [t], opts=opts, device=device)
 
     def reduce(self, tensors, opts=None):
         op_name = "reduce"
@@ -606,8 +618,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         is_root = self.rank() == root
         return self._submit(op_name, sig,
                             lambda ch, h: coll.reduce(ch, h[0], redop, root, scratch),
-                            [t], [True], [is_root], [given], opts=opts, device=device,
-                            sink=True)
+                            [t], [True], [is_root], [given], opts=opts, device=device)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         op_name = "all_gather"
@@ -789,7 +800,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 raise ValueError(f"mccl {op_name}: {what} dim 0 ({rows}) is not divisible by "
                                  f"the group size {w}; pass split sizes")
             return [rows // w] * w
-        splits = [int(s) for s in splits]
+        splits = [self._int(op_name, f"{what} split size", s) for s in splits]
         if len(splits) != w or any(s < 0 for s in splits) or sum(splits) != rows:
             raise ValueError(f"mccl {op_name}: {what} split sizes {splits} do not split dim 0 "
                              f"({rows}) into {w} parts")

@@ -156,8 +156,9 @@ class Work(dist.Work):
                  devices: list[torch.device] | None = None, blocking: bool = False,
                  refused: BaseException | None = None):
         super().__init__()
-        #: Why this rank could not take the result of an op it still ran (the process
-        #: group's ``sink``): the op's completion fails the Work with it.
+        #: Why this rank could not take the result of an op it still ran (a result tensor
+        #: that is an expanded view, an output autograd refused): the op's completion fails
+        #: the Work with it.
         self._refused = refused
         self._blocking = blocking  # waited by torch before the call returns: never escapes
         self.op = op

@@ -262,6 +262,13 @@ def _bad_inputs(rank: int, w: int):
         "nested": (lambda: dist.all_reduce(torch.nested.nested_tensor([o(2), o(3)])),
                    ["nested"]),
         "tag range": (lambda: dist.send(o(2), dst=(rank + 1) % w, tag=1 << 40), ["tag"]),
+        # (before: a float rank failed deep inside, a float split size was truncated)
+        "float peer": (lambda: dist.send(o(2), dst=float((rank + 1) % w)),
+                       ["TypeError", "peer rank must be an int"]),
+        "float tag": (lambda: dist.send(o(2), dst=(rank + 1) % w, tag=1.5),
+                      ["TypeError", "tag must be an int"]),
+        "float splits": (lambda: dist.all_to_all_single(o(2 * w), o(2 * w), [2.0] * w),
+                         ["TypeError", "output split size must be an int", "2.0"]),
     }
 
 
@@ -957,6 +964,96 @@ def test_rooted_ops_on_expanded_views_keep_the_group_in_step() -> None:
                                           pg_timeout_s=30)):
         for name, err, ok in rows:
             assert ok, f"rank {rank}, {name}: {err or 'no error'}"
+
+
+def _odd_arguments_on_one_rank(rank: int, world: int) -> list[tuple[str, str]]:
+    """Only the last rank's result tensor is an expanded view, or its arguments are ints in
+    another form; sparse tensors of different sizes. Returns (case, what is wrong) rows."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    last, w = world - 1, world
+    odd = rank == last
+
+    def out(n: int) -> torch.Tensor:  # the result tensor: an expanded view on the last rank
+        return torch.zeros(1).expand(n) if odd else torch.zeros(n)
+
+    mine = torch.full((2,), float(rank + 1))
+    total = sum(range(1, w + 1))
+    gathered = [float(r + 1) for r in range(w) for _ in range(2)]
+    cases = {  # name -> (call returning the result, the result expected where not refused)
+        "all_reduce": (lambda: (t := out(2) if odd else mine.clone(), dist.all_reduce(t))[0],
+                       [float(total - w)] * 2),  # (the last rank's view holds zeros)
+        "all_gather": (lambda: (outs := [out(2) for _ in range(w)],
+                                dist.all_gather(outs, mine))[0], gathered),
+        "all_gather_into_tensor": (lambda: (o := out(2 * w),
+                                            dist.all_gather_into_tensor(o, mine))[0], gathered),
+        "reduce_scatter_tensor": (lambda: (o := out(2), dist.reduce_scatter_tensor(
+            o, torch.ones(2 * w)))[0], [float(w)] * 2),
+        "all_to_all_single": (lambda: (o := out(2 * w), dist.all_to_all_single(
+            o, mine.repeat(w)))[0], gathered),
+        "gather": (lambda: (outs := [out(2) for _ in range(w)] if rank == last else None,
+                            dist.gather(mine, outs, dst=last))[0], gathered),
+        "scatter": (lambda: (o := out(2), dist.scatter(
+            o, [torch.full((2,), 7.0)] * w if rank == 0 else None, src=0))[0], [7.0, 7.0]),
+    }
+    rows = []
+    for name, (call, want) in cases.items():
+        try:
+            got = call()
+            if odd:
+                wrong = "no error"
+            elif got is None:  # a gather's other ranks
+                wrong = ""
+            else:
+                flat = torch.cat(got).tolist() if isinstance(got, list) else got.tolist()
+                wrong = "" if flat == want else f"wrong result {flat}, expected {want}"
+        except ValueError as e:
+            wrong = "" if odd and "expanded" in str(e) else f"ValueError: {e}"
+        rows.append((f"expanded {name}", wrong))
+        s = torch.full((3,), float(rank))
+        dist.all_reduce(s)  # the group is still in step and usable
+        if not bool((s == w * (w - 1) / 2).all()):
+            rows.append((f"after expanded {name}", f"all_reduce gave {s.tolist()}"))
+
+    # Ranks and tags in other int forms (before: a tensor rank never matched a message)
+    t = torch.zeros(2)
+    if rank == 0:
+        dist.send(torch.full((2,), 5.0), torch.tensor(1), tag=np.int64(3))
+        dist.recv(t, src=np.int64(1), tag=torch.tensor(4))
+    elif rank == 1:
+        dist.recv(t, torch.tensor(0), tag=np.int64(3))
+        dist.send(torch.full((2,), 5.0), dst=np.int32(0), tag=torch.tensor(4))
+    rows.append(("tensor and numpy ranks and tags",
+                 "" if rank > 1 or t.tolist() == [5.0, 5.0] else f"received {t.tolist()}"))
+
+    # Sparse tensors of different sizes: every rank finds it after the same exchange
+    sp = torch.sparse_coo_tensor([[0]], [1.0], (3 + rank,))
+    try:
+        dist.all_reduce(sp)
+        rows.append(("sparse sizes", "no error"))
+    except ValueError as e:
+        rows.append(("sparse sizes", "" if "different sizes" in str(e) else str(e)))
+    s = torch.full((3,), float(rank))
+    dist.all_reduce(s)
+    rows.append(("after sparse sizes",
+                 "" if bool((s == w * (w - 1) / 2).all()) else f"all_reduce gave {s.tolist()}"))
+    return rows
+
+
+def test_odd_arguments_on_one_rank_keep_the_group_in_step() -> None:
+    """A result tensor that is an expanded view on one rank only (its peers cannot tell):
+    that rank's op raises a ValueError naming the view after the op ran with a private copy
+    in its place, the others get their results and the group stays usable (before, only
+    broadcast and reduce did so; the other ops raised before joining, leaving the peers in
+    the op, and the group broke). Ranks and tags given as numpy ints or one-element tensors
+    work as on gloo, and sparse tensors of different sizes fail on every rank without
+    breaking the group."""
+    for rank, rows in enumerate(run_ranks(_odd_arguments_on_one_rank, 3, timeout=120,
+                                          pg_timeout_s=20)):
+        for name, wrong in rows:
+            assert not wrong, f"rank {rank}, {name}: {wrong}"
 
 
 def _quiet_store_rank(rank: int, world: int, port: int, answered: int) -> tuple[str, str]:
