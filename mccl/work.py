@@ -253,10 +253,14 @@ class Work(dist.Work):
 
     def _await_latch(self, timeout: timedelta | float | None) -> None:
         """Block until the op has finished, at most ``timeout`` (0 or None: no limit)."""
+        try:
+            secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
+                    else float(timeout or 0))
+        except (TypeError, ValueError):
+            raise TypeError(f"mccl {self.op}: wait(timeout={timeout!r}): the timeout must be a "
+                            "timedelta or a number of seconds") from None
         if self._finished:
             return
-        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                else float(timeout or 0))
         if not self._latch.acquire(timeout=secs if secs > 0 else -1):
             where = self.waiting() if self.waiting is not None else ""
             raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s"

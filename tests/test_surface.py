@@ -67,6 +67,8 @@ def _collectives(c: Checker, rank: int, world: int) -> None:
         c.eq("all_reduce async", t, torch.full((5,), full))
         c.eq("all_reduce future value", fut.wait()[0], torch.full((5,), full))
         c.eq("all_reduce is_completed", w.is_completed(), True)
+        c.raises("wait with a timeout that is not one", TypeError, lambda: w.wait("abc"),
+                 "timeout", "'abc'")
         # the storage stays resizable, as on gloo (FSDP1 and batched PowerSGD resize theirs)
         c.eq("storage resizable after an op", t.untyped_storage().resizable(), True)
         # a Future asked for before the op finished is done once wait() returns (its value
