@@ -144,6 +144,16 @@ def _ops(rank: int, world: int) -> bool:
     dist.all_reduce(img, op=dist.ReduceOp.MAX)  # large: the ranged copies are skipped
     assert torch.equal(img, torch.arange(2 << 20, device=dev).view(1, 8, 512, 512).float()
                        + world - 1)
+    # a result tensor that is an expanded view on rank 1 only: that rank's op fails after
+    # it ran on a private copy, rank 0 gets its result and the group stays in step
+    view = torch.zeros(1, device=dev).expand(world * 3) if rank == 1 else None
+    out = view if view is not None else torch.empty(world * 3, device=dev)
+    try:
+        dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=dev))
+        assert view is None, "no error on the expanded view"
+        assert torch.equal(out, torch.arange(world, device=dev).float().repeat_interleave(3))
+    except ValueError as e:
+        assert view is not None and "expanded" in str(e), e
     # pinned host buffers are pooled: repeated ops of one size allocate once
     adapter = getattr(dist.group.WORLD, "_adapters", {}).get(str(dev))
     before = adapter.pool.allocations if adapter is not None else 0
