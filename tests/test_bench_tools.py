@@ -21,10 +21,10 @@ from mccl.bench import cluster as cl
 from mccl.bench.model import fit_alpha_beta, mccl_steps, mccl_time, report, ring_time
 from mccl.bench.ops import bus_factor, canonical_op, element_count
 from mccl.bench.report import format_size, parse_size, size_range
-from tests.hosts import cluster_or_skip, emulated_hosts
+from tests.hosts import cluster_or_skip, emulated_hosts, worker_prefix
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_PREFIX = "mccltest"  # never touches a user's "mccl" cluster
+TEST_PREFIX = worker_prefix("mccltest")  # never touches a user's "mccl" cluster
 BENCH_TIMEOUT_S = 150
 
 

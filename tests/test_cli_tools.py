@@ -29,10 +29,10 @@ from mccl.bench.report import (
     write_json,
 )
 from mccl.transport import fdlimit
-from tests.hosts import cluster_or_skip
+from tests.hosts import cluster_or_skip, worker_prefix
 
 REPO = Path(__file__).resolve().parents[1]
-PREFIX = "mcclcli"  # neither a user's "mccl" cluster nor the other tests' prefix
+PREFIX = worker_prefix("mcclcli")  # neither a user's "mccl" cluster nor the other tests' prefix
 RUN_TIMEOUT_S = 120
 #: Exits before any rank starts: the bench's plan is checked first.
 QUICK = ["--ceiling-seconds", "0", "--world-sizes", "2", "--sizes", "8", "--backends", "gloo",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from mccl.bench import cluster as cl
-from tests.hosts import emulated_hosts
+from tests.hosts import emulated_hosts, worker_prefix
 
-PREFIX = "mcclmn"
+PREFIX = worker_prefix("mcclmn")
 TIMEOUT_S = 120
 
 _WORKER = textwrap.dedent("""
@@ -113,8 +113,8 @@ def _over_link_local(rank: int, w: int, master: str, port: int) -> tuple:
 
 LINK_LOCAL_WAIT_S = 10.0
 # Each test's hosts have their own prefix: runners in parallel (xdist) may run them at once.
-LINK_LOCAL_PREFIX = "mccl6"
-IPV6_ONLY_PREFIX = "mccl6n"
+LINK_LOCAL_PREFIX = worker_prefix("mccl6")
+IPV6_ONLY_PREFIX = worker_prefix("mccl6n")
 
 
 def _link_local(c: cl.Cluster, i: int) -> str:
