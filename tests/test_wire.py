@@ -654,6 +654,27 @@ def test_probe_of_a_different_op_is_a_mismatch() -> None:
     mesh.dispose()
 
 
+def test_a_probe_reads_the_probe_a_peer_sent_first_and_answers_it() -> None:
+    """Rank 0 waits in op #1 for rank 1 and rank 2 waits for rank 0: both probe at about the
+    same moment. Rank 2's probe is in rank 0's socket, unread, when rank 0 probes: it is read
+    and rank 2 gets rank 0's probe (before, a peer with unread bytes was skipped, so rank 2
+    heard nothing before its timeout and named rank 0; seen on the H200's suite runs)."""
+    mesh, far = make_mesh(3, timeout_s=60.0)
+    mesh.begin_op(1, SIG)
+    far[2].sendall(pack_header(STATE, SIG, GROUP, 1, 4) + STATE_PAYLOAD.pack(0))
+    deadline = time.monotonic() + 10
+    while not mesh.peer(2).has_unread() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    mesh._probe(1)
+    assert mesh.peer(2).state == (1, SIG, 0)
+    far[2].settimeout(10)
+    raw = far[2].recv(HEADER_SIZE, socket.MSG_WAITALL)
+    hdr = unpack_header(raw)
+    assert (hdr.kind, hdr.seq) == (STATE, 1), hdr
+    assert STATE_PAYLOAD.unpack(far[2].recv(STATE_PAYLOAD.size, socket.MSG_WAITALL)) == (1,)
+    mesh.dispose()
+
+
 def test_unread_at_shutdown_reports_strays_and_not_departures() -> None:
     """``Mesh.unread`` after this rank's BYE: a peer that says BYE, exits without one, or
     reports its own failure (it raised that to its caller) is no finding; a probe for an op

@@ -805,12 +805,18 @@ class Mesh:
 
         Not a peer whose bytes wait unread here: it may have said BYE behind them and closed,
         and a write to a closed socket makes its kernel reset the connection, which throws
-        away every byte it sent that this rank had not read yet. It gets the probe on a later
-        stall, once its bytes are read (it is alive and talking meanwhile)."""
+        away every byte it sent that this rank had not read yet. What has arrived whole from
+        such a peer is read first (a peer blocked on this rank probes it at about the moment
+        this rank probes, a wait of one probe interval after the other: skipped then, it went
+        unprobed until the timeout, and named this rank instead of the rank this one waits
+        for); only a peer whose bytes are still unread after that gets the probe on a later
+        stall, once they are read (it is alive and talking meanwhile)."""
         mark = (self.cur_seq, waits_for, self._probe_round)
         payload = header = None
         for q in self._live():
-            if q.send_error is not None or q.bye or q.probed == mark or q.has_unread():
+            if q.send_error is not None or q.bye or q.probed == mark:
+                continue
+            if q.has_unread() and (q.rank == waits_for or not self._read_arrived(q)):
                 continue
             if header is None:
                 payload = STATE_PAYLOAD.pack(waits_for)
@@ -821,6 +827,18 @@ class Mesh:
                 q.enqueue(header, payload)
             except PeerError:
                 pass
+
+    def _read_arrived(self, q: Peer) -> bool:
+        """Read ``q``'s frames that have arrived whole, as ``_poll`` does (control frames
+        handled, small ones stashed); whether nothing of it is left unread then."""
+        if self._polling or q.eof:
+            return False
+        self._polling = True
+        try:
+            self._poll_peer(q)
+        finally:
+            self._polling = False
+        return not q.has_unread()
 
     def _peek_header(self, q: Peer) -> Header | None:
         """The header of ``q``'s next frame if all of it has arrived, left in the socket (None:
