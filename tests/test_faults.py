@@ -669,10 +669,10 @@ def _later_than_the_timeout(rank: int, world: int, size: int) -> str:
 
     from mccl import CollectiveError
 
-    # On 3 ranks a small all-reduce has rank 2 wait on rank 0 alone: if rank 0 came late (its
-    # start after init skewed by half a second and more on a loaded machine), rank 2 timed out
-    # first and named it. A barrier first (op #1) lines the ranks up; rank 2 then comes 0.5 s
-    # after rank 0.
+    # On 3 ranks a small all-reduce has rank 2 wait on rank 0 alone, and rank 0 on rank 1:
+    # rank 2 names rank 1 only once rank 0's probe (or its error) reached it (the probe race
+    # of 602b4cb failed this test on loaded machines). A barrier first (op #1) lines the ranks
+    # up; rank 2 then comes 0.5 s after rank 0.
     dist.barrier()
     if rank == 1:
         time.sleep(4.5)
