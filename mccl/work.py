@@ -261,7 +261,7 @@ class Work(dist.Work):
                             "timedelta or a number of seconds") from None
         if self._finished:
             return
-        if not self._latch.acquire(timeout=secs if secs > 0 else -1):
+        if not self._latch.acquire(timeout=min(secs, threading.TIMEOUT_MAX) if secs > 0 else -1):
             where = self.waiting() if self.waiting is not None else ""
             raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s"
                                   f"{f' ({where})' if where else ''}", op=self.op)

@@ -9,6 +9,7 @@ errors arrive before run_ranks' hard timeout.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1054,6 +1055,35 @@ def test_odd_arguments_on_one_rank_keep_the_group_in_step() -> None:
                                           pg_timeout_s=20)):
         for name, wrong in rows:
             assert not wrong, f"rank {rank}, {name}: {wrong}"
+
+
+def _sub_second_and_endless_timeouts(rank: int, world: int) -> str:
+    """A 300 ms group timeout (rank 1 joins the all-reduce a second late), then a timeout of
+    10**8 days (longer than a thread wait can take: capped, as gloo takes it)."""
+    import torch
+    import torch.distributed as dist
+
+    pg = dist.group.WORLD
+    pg.set_timeout(timedelta(milliseconds=300))
+    if rank == 1:
+        time.sleep(1.0)
+    said = "ok"
+    try:
+        dist.all_reduce(torch.ones(4))
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        said = str(e)
+    g = dist.new_group([0, 1], timeout=timedelta(days=10**8))
+    t = torch.ones(3)
+    dist.all_reduce(t, group=g)
+    return said if rank == 0 else f"sum {t.tolist()}"
+
+
+def test_sub_second_and_endless_timeouts() -> None:
+    """Before: a 300 ms timeout read "no data from rank 1 for 0s", and a timeout of 10**8 days
+    raised a bare OverflowError from a thread wait."""
+    r0, r1 = run_ranks(_sub_second_and_endless_timeouts, 2, timeout=60, pg_timeout_s=30)
+    assert re.search(r"no data from rank 1 for 0\.\d+s \(group timeout\)", r0), r0
+    assert r1 == "sum [2.0, 2.0, 2.0]", r1
 
 
 def _quiet_store_rank(rank: int, world: int, port: int, answered: int) -> tuple[str, str]:

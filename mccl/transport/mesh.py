@@ -43,6 +43,7 @@ from .tcp import (
     Peer,
     PeerError,
     byte_view,
+    seconds_text,
     set_socket_timeouts,
     tune_socket,
 )
@@ -678,11 +679,11 @@ class Mesh:
                 continue
             if pr.src is None:
                 raise PeerError(-1, f"no message with tag {pr.tag} from any rank for "
-                                    f"{waited:.0f}s (group timeout){self._gone()}"
+                                    f"{seconds_text(waited)} (group timeout){self._gone()}"
                                     f"{self._other_tags(senders)}",
                                 blame=False)  # none sent: no peer to blame
             raise PeerError(pr.src, f"no message with tag {pr.tag} from rank {pr.src} for "
-                                    f"{waited:.0f}s (group timeout)"
+                                    f"{seconds_text(waited)} (group timeout)"
                                     f"{self._waits_on_us(self.peer(pr.src))}"
                                     f"{self._other_tags(senders)}")
 
@@ -747,7 +748,7 @@ class Mesh:
         waited = now - stall[0]
         self.silent = (p.rank, stall[0])
         if waited >= self.timeout_s and not self._excused(p, waited):
-            raise PeerError(p.rank, f"no data from rank {p.rank} for {waited:.0f}s "
+            raise PeerError(p.rank, f"no data from rank {p.rank} for {seconds_text(waited)} "
                                     f"(group timeout){self._waits_on_us(p)}"
                                     f"{self._alone_since(p, stall[0])}")
         if not self._polling:

@@ -27,7 +27,7 @@ from . import handshake, machine
 from .address import join_host_port, split_host_port, stream_address, through_own_interface
 from .fdlimit import GROUP_EXTRA_FDS, make_room
 from .framing import ERROR, HEADER_SIZE, after_states, error_frame
-from .tcp import peek
+from .tcp import peek, seconds_text
 
 log = logging.getLogger("mccl.rendezvous")
 
@@ -229,7 +229,7 @@ def await_ranks(store: Store, ns: str, what: str, ranks: list[int], timeout_s: f
     if members and any(members[r] != r for r in missing):
         who += f" (global {[members[r] for r in missing]})"
     raise TimeoutError(f"mccl group '{watch.group}': {who} did not join within "
-                       f"{timeout_s:.0f}s (the group's timeout)")
+                       f"{seconds_text(timeout_s)} (the group's timeout)")
 
 
 #: ``(global ranks) -> reason or None``: why one of those ranks is known to be gone, from a

@@ -84,6 +84,12 @@ class PeerError(ConnectionError):
         self.origin = origin
 
 
+def seconds_text(s: float) -> str:
+    """A duration for an error message: whole seconds, or two digits under one second (a
+    200 ms group timeout read "for 0s")."""
+    return f"{s:.0f}s" if s >= 1 else f"{s:.2g}s"
+
+
 def _timeval(seconds: float) -> bytes:
     sec = int(seconds)
     usec = int((seconds - sec) * 1e6)
@@ -180,7 +186,7 @@ def _stall_alone(p: Peer, got: int, stall: list | None) -> list:
     if stall is None or stall[1] != got:
         return [now - p.probe_s if stall is None else now, got]
     if now - stall[0] >= p.timeout_s:
-        raise PeerError(p.rank, f"no data from rank {p.rank} for {now - stall[0]:.0f}s "
+        raise PeerError(p.rank, f"no data from rank {p.rank} for {seconds_text(now - stall[0])} "
                                 "(group timeout)")
     return stall
 
@@ -383,7 +389,7 @@ class Peer:
         if isinstance(e, _TIMEOUTS) or getattr(e, "errno", None) in (errno.EAGAIN,
                                                                    errno.EWOULDBLOCK):
             return PeerError(self.rank, f"rank {self.rank} accepted no data for "
-                                        f"{SEND_TIMEOUT_FACTOR * self.timeout_s:.0f}s "
+                                        f"{seconds_text(SEND_TIMEOUT_FACTOR * self.timeout_s)} "
                                         "(twice the group timeout)")
         if getattr(e, "errno", None) in _RESETS:
             return PeerError(self.rank, f"sending to rank {self.rank} failed: the connection "
