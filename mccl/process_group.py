@@ -566,9 +566,14 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         base = t._base if t._is_view() else None
         if base is None or not (base.is_complex() and base.is_sparse):
             base = None
+        # the result replaces the tensor's entries, an in-place write autograd must know of
+        # (gloo's copy: a leaf that requires grad is refused, as there)
+        (t,), refused = self._copied_into(op_name, [t], read=True)
+        if refused is not None:
+            base = None
         sig = signature(Kind.SPARSE_ALL_REDUCE, t.dtype, redop)
         return self._submit(op_name, sig, lambda ch, h: coll.sparse_all_reduce(ch, t, base),
-                            [], [], [], [t], opts=opts, device=None)
+                            [], [], [], [t], opts=opts, device=None, refused=refused)
 
     @_drops_coalescing_on_error
     def allreduce_coalesced(self, tensors, opts=None):

@@ -114,6 +114,31 @@ def test_sparse_bad_input_refused_before_sending() -> None:
     assert "only dense tensors" in errors[2]
 
 
+def _leaf_that_requires_grad(rank: int, world: int) -> list[str]:
+    import torch.distributed as dist
+
+    leaf = _tensor(0, rank).requires_grad_()
+    before = leaf.detach().clone()
+    try:
+        dist.all_reduce(leaf)
+        said = "no error"
+    except RuntimeError as e:
+        said = str(e)
+    t = _tensor(0, rank)
+    dist.all_reduce(t)  # every rank ran the op: the group is in step and usable
+    kept = torch.equal(leaf.detach().to_dense(), before.to_dense())
+    right = torch.equal(t.to_dense(), _expected(0, world).to_dense())
+    return [said, f"leaf kept {kept}", f"next sum right {right}"]
+
+
+def test_sparse_leaf_that_requires_grad_is_refused_as_by_gloo() -> None:
+    """Before: its indices and values were replaced (gloo refuses it: an in-place write to
+    a leaf that requires grad)."""
+    for said, kept, right in run_ranks(_leaf_that_requires_grad, 2, timeout=60):
+        assert "mccl all_reduce" in said and "leaf Variable that requires grad" in said, said
+        assert kept == "leaf kept True" and right == "next sum right True", (kept, right)
+
+
 def _shapes_differ(rank: int, world: int, dense: bool) -> str:
     import torch.distributed as dist
 
