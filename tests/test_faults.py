@@ -273,8 +273,18 @@ def _bad_inputs(rank: int, w: int):
     }
 
 
-def _mismatch_and_bad_input(rank: int, world: int) -> dict:
+def _next_all_reduce_wrong(rank: int, world: int) -> str:
+    """After an error: an all-reduce on the group; "" where it is still in step and usable
+    (the sum is right), else what it gave."""
     import torch
+    import torch.distributed as dist
+
+    s = torch.full((3,), float(rank))
+    dist.all_reduce(s)
+    return "" if bool((s == world * (world - 1) / 2).all()) else f"all_reduce gave {s.tolist()}"
+
+
+def _mismatch_and_bad_input(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     out: dict = {"mismatch": [], "bad": []}
@@ -301,9 +311,7 @@ def _mismatch_and_bad_input(rank: int, world: int) -> dict:
             err = "NO ERROR"
         except (TypeError, ValueError, RuntimeError) as e:
             err = f"{type(e).__name__}: {e}"
-        t = torch.full((3,), float(rank))
-        dist.all_reduce(t)  # the group is still usable after every error
-        usable = bool((t == world * (world - 1) / 2).all())
+        usable = not _next_all_reduce_wrong(rank, world)  # still usable after every error
         out["bad"].append((name, words, err, usable))
     return out
 
@@ -949,9 +957,7 @@ def _rooted_ops_on_expanded_views(rank: int, world: int) -> list[tuple[str, str,
             ok = err.startswith("ValueError") and "expanded" in err
         else:
             ok = err == ""
-        s = torch.full((3,), float(rank))
-        dist.all_reduce(s)  # the group is still in step and usable
-        out.append((name, err, ok and bool((s == world * (world - 1) / 2).all())))
+        out.append((name, err, ok and not _next_all_reduce_wrong(rank, world)))
     return out
 
 
@@ -1013,10 +1019,7 @@ def _odd_arguments_on_one_rank(rank: int, world: int) -> list[tuple[str, str]]:
         except ValueError as e:
             wrong = "" if odd and "expanded" in str(e) else f"ValueError: {e}"
         rows.append((f"expanded {name}", wrong))
-        s = torch.full((3,), float(rank))
-        dist.all_reduce(s)  # the group is still in step and usable
-        if not bool((s == w * (w - 1) / 2).all()):
-            rows.append((f"after expanded {name}", f"all_reduce gave {s.tolist()}"))
+        rows.append((f"after expanded {name}", _next_all_reduce_wrong(rank, w)))
 
     # Ranks and tags in other int forms (before: a tensor rank never matched a message)
     t = torch.zeros(2)
@@ -1036,10 +1039,7 @@ def _odd_arguments_on_one_rank(rank: int, world: int) -> list[tuple[str, str]]:
         rows.append(("sparse sizes", "no error"))
     except ValueError as e:
         rows.append(("sparse sizes", "" if "different sizes" in str(e) else str(e)))
-    s = torch.full((3,), float(rank))
-    dist.all_reduce(s)
-    rows.append(("after sparse sizes",
-                 "" if bool((s == w * (w - 1) / 2).all()) else f"all_reduce gave {s.tolist()}"))
+    rows.append(("after sparse sizes", _next_all_reduce_wrong(rank, w)))
     return rows
 
 
