@@ -64,7 +64,7 @@ from .transport.rendezvous import (
     watch_liveness,
 )
 from .transport.tcp import PeerError
-from .work import GroupWork, Work, completed_work
+from .work import LONGEST_TIMEOUT_S, GroupWork, Work, completed_work, timeout_seconds
 
 log = logging.getLogger("mccl")
 #: ``_submit``'s default for ``device``: the tensors were not validated yet.
@@ -79,10 +79,6 @@ INLINE_DEVICE_TYPES = frozenset({"cpu", "cuda"})
 #: store (``_leave_word``): a process that exits on the error took the thread writing it along,
 #: and that rank then waited out the group timeout.
 WORD_WAIT_S = 2.0
-#: Group timeouts are capped here: a hundred years is "never" in practice, and a longer one
-#: (timedelta(days=10**8), say) overflows the thread waits (threading.TIMEOUT_MAX, about 292
-#: years on Linux) with a bare OverflowError, where gloo takes it.
-LONGEST_TIMEOUT_S = 100 * 365 * 86400.0
 #: Tag reserved for monitored_barrier's p2p messages (user tags are other values).
 _MONITOR_TAG = -0x4D43434C
 
@@ -858,9 +854,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
         """Rank 0 collects a token from every rank within ``timeout`` and names the missing."""
-        secs = timeout if timeout is not None else self._timeout
-        secs = min(secs.total_seconds() if isinstance(secs, timedelta) else float(secs),
-                   LONGEST_TIMEOUT_S)
+        secs = timeout_seconds(timeout if timeout is not None else self._timeout,
+                               f"mccl monitored_barrier(timeout={timeout!r})")
         mesh = self._mesh
         sig = signature(Kind.MONITORED_BARRIER)
         work = self._submit(

@@ -104,6 +104,23 @@ class _Completer:
 
 _COMPLETER = _Completer()
 
+#: The longest timeout anything waits for: a hundred years is "never" in practice, and a
+#: longer one (timedelta(days=10**8), say) overflows the thread waits (threading.TIMEOUT_MAX,
+#: about 292 years on Linux) with a bare OverflowError, where gloo takes it.
+LONGEST_TIMEOUT_S = min(100 * 365 * 86400.0, threading.TIMEOUT_MAX)
+
+
+def timeout_seconds(timeout: timedelta | float | None, what: str) -> float:
+    """``timeout`` (a timedelta or a number of seconds; None reads 0) in seconds, at most
+    ``LONGEST_TIMEOUT_S``; ``what`` names the call in the error for anything else."""
+    try:
+        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
+                else float(timeout or 0))
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: the timeout must be a timedelta or a number of seconds"
+                        ) from None
+    return min(secs, LONGEST_TIMEOUT_S)
+
 #: Works that torch's C++ side may still hold after Python dropped them (``Work.__del__``).
 KEPT_WORKS = 32
 KEPT_MAX_BYTES = 64 << 10
@@ -253,15 +270,10 @@ class Work(dist.Work):
 
     def _await_latch(self, timeout: timedelta | float | None) -> None:
         """Block until the op has finished, at most ``timeout`` (0 or None: no limit)."""
-        try:
-            secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                    else float(timeout or 0))
-        except (TypeError, ValueError):
-            raise TypeError(f"mccl {self.op}: wait(timeout={timeout!r}): the timeout must be a "
-                            "timedelta or a number of seconds") from None
+        secs = timeout_seconds(timeout, f"mccl {self.op}: wait(timeout={timeout!r})")
         if self._finished:
             return
-        if not self._latch.acquire(timeout=min(secs, threading.TIMEOUT_MAX) if secs > 0 else -1):
+        if not self._latch.acquire(timeout=secs if secs > 0 else -1):
             where = self.waiting() if self.waiting is not None else ""
             raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s"
                                   f"{f' ({where})' if where else ''}", op=self.op)
