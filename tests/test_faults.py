@@ -1082,7 +1082,9 @@ def test_sub_second_and_endless_timeouts() -> None:
     """Before: a 300 ms timeout read "no data from rank 1 for 0s", and a timeout of 10**8 days
     raised a bare OverflowError from a thread wait."""
     r0, r1 = run_ranks(_sub_second_and_endless_timeouts, 2, timeout=60, pg_timeout_s=30)
-    assert re.search(r"no data from rank 1 for 0\.\d+s \(group timeout\)", r0), r0
+    # (the seconds are measured: a loaded machine may notice the silence after a second or
+    # more, so the sub-second spelling itself is checked in test_wire's seconds_text test)
+    assert re.search(r"no data from rank 1 for (0\.\d+|[1-9]\d*)s \(group timeout\)", r0), r0
     assert r1 == "sum [2.0, 2.0, 2.0]", r1
 
 

@@ -40,7 +40,7 @@ from mccl.transport.framing import (
 from mccl.transport.mesh import POLL_STASH_MAX, Mesh, MismatchError
 from mccl.transport.posted import PostedRecv, PostedRecvs
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
-from mccl.transport.tcp import PeerError
+from mccl.transport.tcp import PeerError, seconds_text
 from tests.threads import in_thread, on_thread
 
 FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,
@@ -652,6 +652,12 @@ def test_probe_of_a_different_op_is_a_mismatch() -> None:
     assert isinstance(err, MismatchError) and err.peer == 2
     assert "op #1" in str(err) and "rank 2" in str(err)
     mesh.dispose()
+
+
+def test_seconds_text_spells_sub_second_durations() -> None:
+    """Before, a 300 ms group timeout read "no data from rank 1 for 0s"."""
+    assert [seconds_text(s) for s in (0.3, 0.25, 0.05, 0.999, 1.0, 2.4, 60.0)] == [
+        "0.3s", "0.25s", "0.05s", "1s", "1s", "2s", "60s"]
 
 
 def test_a_probe_reads_the_probe_a_peer_sent_first_and_answers_it() -> None:
