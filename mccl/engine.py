@@ -38,6 +38,7 @@ import torch
 
 from .algorithms.base import Scratch
 from .device import Handoff
+from .device.cpu import CpuHandoff
 from .device.strided import SpanIndex, byte_span, spans_meet
 from .errors import CollectiveError, InStepError
 from .transport.framing import DATA, Signature, pack_header
@@ -383,6 +384,16 @@ class Engine:
         if run_here:
             self._run_counted(job)
         return job.work
+
+    def fail_outside(self, name: str, sig: Signature, error: BaseException) -> None:
+        """A failure the queue did not see (a CPU send's, written by its sender thread)
+        breaks the group as an op's would: a job that raises it takes its turn, so the ops
+        issued after it fail with it and the peers hear why. Any thread."""
+        def body(ch: OpChannel, hosts: list[torch.Tensor]) -> None:
+            raise error
+
+        with contextlib.suppress(CollectiveError):  # shut down meanwhile: nothing to break
+            self.submit(Job(name, sig, body, Work(name), CpuHandoff([]), collective=False))
 
     def check_running(self, name: str) -> None:
         """Refuse op ``name`` once the group was shut down or aborted (a CPU send, which

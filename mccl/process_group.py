@@ -878,7 +878,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             # then the send is parked until written, not holding up the ops behind it.
             def park(ch, h, done):
                 def written(err):
-                    done(None if err is None else mesh.peer(dst).send_failure())
+                    done(None if err is None else mesh.send_failure(dst))
 
                 if mesh.send(dst, P2P, sig, 0, coll.as_bytes(h[0]), tag=tag, on_done=written):
                     done()
@@ -890,10 +890,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
         engine = self._engine
 
-        def failed(message: str) -> None:
+        def failed(message: str, cause: BaseException) -> None:
             """Fail the send; where this rank's own shutdown or abort cut it, or the group's
             failure (which closes the connections), say so, not what the broken socket seems
-            to say of the peer."""
+            to say of the peer. Else the group breaks with ``cause``, as it does where a
+            receive or a device tensor's send fails, so the ops issued after this send fail
+            with it and the peers hear why (a group that went on would leave its next op
+            waiting on a rank that cannot join it)."""
             here, broke = engine.closed_here(), engine.error
             if here is not None:
                 work.fail(CollectiveError(f"mccl send to rank {dst}: {here}", op="send"))
@@ -901,13 +904,16 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 work.fail(CollectiveError(f"mccl send to rank {dst} failed: the group failed "
                                           f"first: {broke}", op="send", peer=broke.peer))
             else:
-                work.fail(CollectiveError(message, op="send", peer=dst))
+                engine.fail_outside(op_name, sig, cause)
+                work.fail(CollectiveError(message, op="send",
+                                          peer=getattr(cause, "culprit", dst)))
 
         def done(err):
             if err is None:
                 work.complete()
-            else:  # the sender thread's OSError, explained (e.g. no progress for the timeout)
-                failed(f"mccl send: {mesh.peer(dst).send_failure()}")
+            else:  # the sender thread's OSError, explained (e.g. no progress for the timeout,
+                e = mesh.send_failure(dst)  # or the report the peer left before it closed)
+                failed(f"mccl send: {e}", e)
 
         broken = engine.error  # (its connections close only seconds after it broke)
         if broken is not None:
@@ -922,9 +928,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if mesh.send(dst, P2P, sig, 0, coll.as_bytes(plain), tag=tag, on_done=done):
                 work.complete()
         except PeerError as e:
-            failed(f"mccl send: {e}")
+            failed(f"mccl send: {e}", e)
         except Exception as e:  # noqa: BLE001
-            failed(f"mccl send to rank {dst} failed: {e}")
+            failed(f"mccl send to rank {dst} failed: {e}", e)
         return self._coalesce(work)
 
     def _coalesce(self, work: Work) -> Work:

@@ -1248,3 +1248,95 @@ def test_ops_after_a_failed_receive_are_refused() -> None:
             assert said != "NO ERROR", (rank, op, out)
     for op in ("isend", "send", "all_reduce"):
         assert "failed" in res[0][op], (op, res[0])
+
+
+def _messages_sent_ahead(rank: int, world: int, rounds: int, per_round: int) -> list[str]:
+    """Rank 0 sends ``per_round`` messages of 16 KiB, then joins an all-reduce; rank 1 joins
+    the all-reduce first (reading past those messages, which it must keep), then receives
+    them. With the keep limit at 64 KiB."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.transport import mesh
+
+    mesh.STASH_MAX_BYTES = 64 << 10
+    said = []
+    for r in range(rounds):
+        msgs = [torch.full((4096,), float(r * 100 + i)) for i in range(per_round)]
+        t = torch.ones(8)
+        if rank == 0:
+            works = [dist.isend(m, dst=1) for m in msgs]
+            said.append(_outcome(lambda t=t: dist.all_reduce(t)))
+            said += [_outcome(w.wait) for w in works]
+        else:
+            said.append(_outcome(lambda t=t: dist.all_reduce(t)))
+            for m in msgs:
+                got = torch.empty_like(m)
+                outcome = _outcome(lambda got=got: dist.recv(got, src=0))
+                said.append(outcome if outcome != "NO ERROR" or torch.equal(got, m)
+                            else f"WRONG {got[:2].tolist()} for {m[:2].tolist()}")
+        if t.tolist() != [2.0] * 8 and said[-1 - (per_round if rank else 0)] == "NO ERROR":
+            said.append(f"WRONG all_reduce {t.tolist()}")
+    said.append(_outcome(lambda: dist.all_reduce(torch.ones(1))))  # is the group still up?
+    return said
+
+
+def test_messages_sent_ahead_of_their_receives_are_kept_within_a_bound() -> None:
+    """A rank that reads past messages no receive wants yet (to reach the op behind them)
+    keeps them, up to ``mesh.STASH_MAX_BYTES``: without a bound a sender that kept sending
+    while its peer waited in another op filled the peer's memory (20 GB). Under the bound,
+    twice (what a receive took is freed), every value arrives; past it, both ranks' ops fail
+    naming the limit, instead of the memory."""
+    fits = run_ranks(_messages_sent_ahead, 2, 2, 3, timeout=120)
+    assert all(s == "NO ERROR" for out in fits for s in out), fits
+    over = run_ranks(_messages_sent_ahead, 2, 1, 6, timeout=120)
+    # rank 1 fails in the all-reduce; rank 0 may have completed it (it got rank 1's part)
+    # but learns of the failure by its next op at the latest
+    assert "STASH_MAX_BYTES" in over[1][0] and "sent a point-to-point message" in over[1][0], (
+        over[1])
+    assert all(s != "NO ERROR" for s in over[1]), over[1]
+    assert "STASH_MAX_BYTES" in over[0][-1], over[0]
+
+
+def _send_to_a_rank_that_died(rank: int, world: int) -> dict:
+    """A chain 0 -> 1 -> 2 of 4 MiB sends; rank 2 dies. Rank 1's send to it fails; rank 1's
+    next all-reduce must fail at once (not wait in it while rank 0's messages pile up), and
+    rank 0, whose send rank 1 stops reading, must name rank 2, not rank 1."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1 << 20)
+    dist.barrier()
+    if rank == 2:
+        dist.recv(t, src=1)
+        os._exit(0)  # without a word: a crash
+    out: dict = {}
+    began = time.monotonic()
+    try:
+        for _ in range(400):  # bounded: each send either completes or fails
+            if time.monotonic() - began > 60:
+                break
+            if rank == 1:
+                dist.recv(t, src=0)
+            dist.send(t, dst=rank + 1)
+        out["chain"] = "NO ERROR"
+    except Exception as e:  # noqa: BLE001
+        out["chain"] = f"{type(e).__name__} peer={getattr(e, 'peer', '?')}: {e}"
+    out["all_reduce"] = _outcome(lambda: dist.all_reduce(torch.ones(2)))
+    return out
+
+
+def test_a_send_to_a_rank_that_died_breaks_the_group() -> None:
+    """A failed CPU send broke nothing: the group went on, the sender's next all-reduce waited
+    on its other peer, which kept sending, and kept every message (memory without bound); and
+    that peer, whose writes were cut when the group went down, named the live rank as the one
+    that exited. Now the send's failure breaks the group, as a failed receive does, and the
+    report reaches the peers."""
+    res = run_ranks(_send_to_a_rank_that_died, 3, timeout=120, pg_timeout_s=30,
+                    expect_missing=(2,))
+    for rank in (0, 1):
+        out = res[rank]
+        assert "peer=2" in out["chain"], (rank, out)
+        assert "failed earlier" in out["all_reduce"] and "peer=2" in out["all_reduce"], (
+            rank, out)
+    assert "reported by rank 1" in res[0]["chain"], res[0]

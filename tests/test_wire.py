@@ -198,6 +198,33 @@ def test_restart_attempt_ignores_the_dead_attempts_keys(monkeypatch) -> None:
             sock.close()
 
 
+def test_ranks_that_never_connected_are_told_apart_by_their_published_address() -> None:
+    """Rank 1 never reaches the set-up (killed before it published its address); rank 2 did,
+    and waits for rank 1's address before it dials anyone. Rank 0 sees neither connect: its
+    error named both alike, a live rank beside the dead one; it now says which never
+    published an address and which did and may be waiting."""
+    store = dist.HashStore()
+    results: dict = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            results[r] = connect_mesh(store, r, 3, "half-published", 1.5, "127.0.0.1")
+        except BaseException as e:  # noqa: BLE001
+            results[r] = e
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(results.get(0), TimeoutError), results
+    said = str(results[0])
+    assert "ranks [1, 2] never connected to rank 0" in said, said
+    assert "rank(s) [1] never published an address" in said, said
+    assert "rank(s) [2] did and may still wait for it" in said, said
+    assert isinstance(results.get(2), TimeoutError) and "[1] did not join" in str(results[2])
+
+
 # ---------------------------------------------------------------- parser fuzzing
 
 @FUZZ

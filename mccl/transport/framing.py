@@ -107,10 +107,12 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
     return Header(kind, Signature(op, dtype, redop, root, count), group, seq, length)
 
 
-def after_states(raw: bytes | bytearray | memoryview, group: int) -> tuple[int, Header] | None:
+def after_states(raw: bytes | bytearray | memoryview, group: int,
+                 skip: tuple[int, ...] = (STATE,)) -> tuple[int, Header] | None:
     """The first frame in ``raw`` (the start of a peer's stream, peeked) after any STATE
-    frames, with its offset, if its header is all there; None where it is not yet, or the
-    bytes are garbled or not ``group``'s (the reader reports those)."""
+    frames (any frames of the kinds in ``skip``), with its offset, if its header is all
+    there; None where it is not yet, or the bytes are garbled or not ``group``'s (the reader
+    reports those)."""
     at = 0
     while len(raw) - at >= HEADER_SIZE:
         try:
@@ -119,7 +121,7 @@ def after_states(raw: bytes | bytearray | memoryview, group: int) -> tuple[int, 
             return None
         if hdr.group != group:
             return None
-        if hdr.kind != STATE:
+        if hdr.kind not in skip:
             return at, hdr
         at += HEADER_SIZE + hdr.length
     return None

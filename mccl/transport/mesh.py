@@ -59,6 +59,15 @@ HISTORY = 64
 #: Frames of other peers up to this size are read ahead (stashed) while blocked, so error
 #: frames queued behind them are seen; larger ones are left in the socket.
 POLL_STASH_MAX = 1 << 20
+#: Bytes of frames a group keeps read ahead of the receives and ops that want them (messages
+#: sent before their receive was posted, data of a later op). A stream must be read past such
+#: frames to reach the ones behind them; a sender that keeps sending what nobody receives
+#: (its peer blocked in another op) would otherwise fill this process's memory (a rank grew to
+#: 20 GB). Frames only read ahead to see what follows them stay in their socket past it, which
+#: holds the sender back; a frame that must be read past it fails the op that needs it.
+STASH_MAX_BYTES = 1 << 30
+#: How far into what a peer sent a failed send looks for the report it left (``send_failure``).
+REPORT_PEEK_BYTES = 1 << 20
 #: Frames read from one peer per poll before moving on.
 POLL_FRAMES = 64
 #: Bytes peeked to find a peer's next frame behind its STATE frames (a few of 44 bytes).
@@ -130,6 +139,8 @@ class Mesh:
         self.posted = PostedRecvs()
         #: p2p messages stashed so far: the order a receive from any peer takes them in.
         self._stashed = 0
+        #: Payload bytes in the peers' stashes now (bounded by ``STASH_MAX_BYTES``).
+        self._stash_bytes = 0
         #: Peers whose next frame stays in the socket (a later collective's, too large to
         #: stash, until that op reads it; or a large message no receive asks for yet, until one
         #: does); ``serve`` does not wait on them meanwhile.
@@ -275,6 +286,25 @@ class Mesh:
                 self._polling = False
         return p.send_failure()
 
+    def send_failure(self, peer: int) -> PeerError | MismatchError:
+        """Why a send to ``peer`` failed, on any thread: on the one running an op, what
+        ``_send_error`` reads; elsewhere the error report or BYE that ``peer`` left before it
+        closed, where its header has arrived (peeked: a rank whose group broke over a third
+        rank closes its connections, and this rank, writing to it, would otherwise name that
+        live rank as the one that exited); else what the socket said."""
+        p = self.peer(peer)
+        if self._reader is threading.current_thread():
+            return self._send_error(p)
+        try:  # (what it sent before the report, unread here, is looked past)
+            found = self._peek_next(p, False, REPORT_PEEK_BYTES, (STATE, DATA, P2P))
+            if found is not None and found[1].kind == ERROR:
+                return self._peeked_report(p, *found)
+            if found is not None and found[1].kind == BYE:
+                return PeerError(p.rank, f"rank {p.rank} has shut the group down")
+        except PeerError:
+            pass  # (the connection is gone: the socket's error is all there is)
+        return p.send_failure()
+
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
         message sent now would be lost without an error (any thread: only peeks)."""
@@ -308,19 +338,21 @@ class Mesh:
             if hdr.kind == ERROR and 0 < hdr.seq <= self.cur_seq:
                 raise self._peeked_report(p, at, hdr)
 
-    def _peek_next(self, p: Peer, closed_raises: bool) -> tuple[int, Header] | None:
+    def _peek_next(self, p: Peer, closed_raises: bool, nbytes: int = PEEK_BYTES,
+                   skip: tuple[int, ...] = (STATE,)) -> tuple[int, Header] | None:
         """``p``'s next frame of this group after any STATE frames (where it said what it was
-        blocked in), if its header has arrived, and its offset; left in the socket. Looked at
-        only while no other thread reads the sockets (else the bytes peeked may be the middle
-        of a frame; the op's own thread reads whole frames)."""
-        raw = p.peek(PEEK_BYTES)  # headers only: the peer's data may be waiting
+        blocked in; after any of the kinds in ``skip``, within ``nbytes``), if its header has
+        arrived, and its offset; left in the socket. Looked at only while no other thread
+        reads the sockets (else the bytes peeked may be the middle of a frame; the op's own
+        thread reads whole frames)."""
+        raw = p.peek(nbytes)  # headers only: the peer's data may be waiting
         if not raw:
             if raw is not None and closed_raises:
                 raise p._closed_error()
             return None
         if self._polling or self._reader not in (None, threading.current_thread()):
             return None  # a reader may be inside a frame: the bytes peeked need not start one
-        return after_states(raw, self.group)
+        return after_states(raw, self.group, skip)
 
     def _peeked_report(self, p: Peer, at: int, hdr: Header) -> PeerError:
         """The error that ``p``'s error frame ``hdr`` at ``at``, still in the socket, reports."""
@@ -437,11 +469,32 @@ class Mesh:
         """Keep a data or p2p frame read ahead of its op (control frames need no keeping)."""
         if hdr.kind == P2P:
             if not self._deliver(p, hdr):
+                self._reserve(p, hdr)
                 self._stashed += 1
                 p.p2p_stash.append((hdr, p.read_payload(hdr), self._stashed))
         elif hdr.kind == DATA:
             self._check_early(p, hdr)
+            self._reserve(p, hdr)
             p.coll_stash.append((hdr, p.read_payload(hdr)))
+
+    def _has_room(self, nbytes: int) -> bool:
+        return self._stash_bytes + nbytes <= STASH_MAX_BYTES
+
+    def _reserve(self, p: Peer, hdr: Header) -> None:
+        """Count a frame about to be stashed; raise where that would pass
+        ``STASH_MAX_BYTES`` (this rank cannot get past it without keeping it)."""
+        if not self._has_room(hdr.length):
+            what = (f"a point-to-point message with tag {hdr.sig.root}" if hdr.kind == P2P
+                    else f"data of op #{hdr.seq}")
+            raise PeerError(
+                p.rank,
+                f"rank {p.rank} sent {what} ({hdr.length} bytes) that rank {self.rank} would "
+                f"have to keep until it is wanted, on top of the {self._stash_bytes} bytes "
+                f"it keeps already (limit {STASH_MAX_BYTES}, mesh.STASH_MAX_BYTES): a rank "
+                "kept sending what its peer did not receive while the peer waited for "
+                "something else; post a send's receive before the ops that follow it (on "
+                "NCCL and gloo a send waits for its receive)")
+        self._stash_bytes += hdr.length
 
     def _check_early(self, p: Peer, hdr: Header) -> None:
         """A collective frame read ahead of its receive: stale or mismatched ones raise now."""
@@ -492,6 +545,7 @@ class Mesh:
         mv = byte_view(buf)
         if p.coll_stash:
             hdr, data = p.coll_stash.popleft()
+            self._stash_bytes -= len(data)
             self._check(p, hdr, seq, sig, len(mv))
             mv[:] = data
             return
@@ -549,6 +603,7 @@ class Mesh:
         hdr, data, _ = p.p2p_stash[i]
         self._take_p2p(p, hdr, tag, mv, dtype)
         del p.p2p_stash[i]
+        self._stash_bytes -= len(data)
         mv[:] = data
         return p
 
@@ -873,14 +928,15 @@ class Mesh:
 
     def _poll_peer(self, q: Peer, any_p2p: bool = False, limit: int = POLL_FRAMES) -> int | None:
         """Read ``q``'s frames that have arrived whole (at most ``limit``); return how
-        many, or None where it stopped at a frame too large to stash, left in the socket. A p2p
-        message a posted receive wants is always read (into that receive); other large ones
-        only with ``any_p2p``."""
+        many, or None where it stopped at a frame too large to stash (or that the stash has no
+        room for), left in the socket. A p2p message a posted receive wants is always read
+        (into that receive); other large ones only with ``any_p2p``."""
         for n in range(limit):
             peeked = self._peek_header(q)
             if peeked is None:
                 return n
-            if peeked.kind <= P2P and peeked.length > POLL_STASH_MAX:
+            if peeked.kind <= P2P and (peeked.length > POLL_STASH_MAX
+                                       or not self._has_room(peeked.length)):
                 if peeked.kind == DATA:
                     self._check_early(q, peeked)
                     return None

@@ -629,10 +629,12 @@ class _Acceptor:
         log.log(level, "rank %d dropped an incoming connection: %s", self.rank, why)
 
     def wait(self, deadline: float, watch: GiveUpWatch | None = None,
-             dialled: dict[int, socket.socket] | None = None) -> dict[int, socket.socket]:
+             dialled: dict[int, socket.socket] | None = None,
+             explain: Callable[[list[int]], str] | None = None) -> dict[int, socket.socket]:
         """The expected peers' sockets, once all have connected; ``watch``: stop waiting as
         soon as a rank gave up on the group; ``dialled``: the connections this rank made,
-        watched with those accepted (``hear_from``)."""
+        watched with those accepted (``hear_from``); ``explain``: more on the ranks that
+        never connected, for the timeout's error."""
         dialled = dialled or {}
         while True:
             with self.cond:
@@ -644,8 +646,9 @@ class _Acceptor:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(self.expected - set(self.socks))
+                    more = explain(missing) if explain is not None else ""
                     raise TimeoutError(f"ranks {missing} never connected to rank {self.rank}"
-                                       f" within the group's timeout{self._heard_what}")
+                                       f" within the group's timeout{more}{self._heard_what}")
                 self.cond.wait(min(left, GIVE_UP_LOOK_S))
             if watch is not None:
                 watch.look()
@@ -804,7 +807,8 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
             addrs = _get_all(store, [f"{ns}addr/{peer}" for peer in order])
             for peer, addr in zip(order, addrs, strict=True):
                 socks[peer] = _dial(addr, secret, group, rank, peer, deadline, address, watch)
-            socks.update(acceptor.wait(deadline, watch, socks))
+            socks.update(acceptor.wait(deadline, watch, socks,
+                                       lambda missing: _unpublished(store, ns, missing)))
         except BaseException as e:
             if before_close is not None and isinstance(e, Exception):
                 before_close(e)
@@ -817,6 +821,21 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
         listener.close()
     log.debug("rank %d connected to %d peers in group %s", rank, len(socks), group_name)
     return group, socks
+
+
+def _unpublished(store: Store, ns: str, missing: list[int]) -> str:
+    """Which of the ranks that never connected never published their address either (they
+    did not reach the group's set-up, or died in it): a rank dials only once every lower
+    rank's address is out, so the others may be alive and waiting for those."""
+    absent = [r for r in missing if not _has(store, f"{ns}addr/{r}")]
+    if not absent:
+        return ""
+    waiting = [r for r in missing if r not in absent]
+    text = f"; rank(s) {absent} never published an address (did not reach set-up, or died in it)"
+    if waiting:
+        them = "it" if len(absent) == 1 else "them"
+        text += f"; rank(s) {waiting} did and may still wait for {them}"
+    return text
 
 
 def _exchange(store: Store, ns: str, what: str, me: int, value: str, others: list[int],
