@@ -749,6 +749,10 @@ class Engine:
         self.error = self.error or CollectiveError(
             f"mccl process group '{self.label}' was aborted", op="abort")
 
+    def _aborted_text(self) -> str:
+        """What the peers are told when this rank aborts the group."""
+        return f"rank {self.mesh.rank} aborted process group '{self.label}'"
+
     def shutdown(self, abort: bool = False, drain_s: float | None = None) -> None:
         """Stop the comm thread. Without ``abort``, queued ops (and one running inline on a
         caller's thread) finish first, for as long as they make progress: the connections are
@@ -767,7 +771,7 @@ class Engine:
             if self._stopped:
                 if abort and not self._aborted:  # a shutdown drains: cut it short
                     self._abort()
-                    self.mesh.close()
+                    self.mesh.close(self._aborted_text())
                 return False
             self._stopped = True
             if abort:
@@ -776,7 +780,7 @@ class Engine:
             self._wake()
         mesh = self.mesh
         if abort:
-            mesh.close()
+            mesh.close(self._aborted_text())
         if not abort and not self._drain(drain_s):
             self._tell(f"mccl group '{self.label}': at shutdown, no op finished for "
                        f"{drain_s:g}s; cutting the connections (the ops left fail)")

@@ -926,6 +926,30 @@ def test_aborting_a_group_fails_its_blocked_send_as_aborted() -> None:
     assert "aborted" in res[0] and "reset" not in res[0], res[0]
 
 
+def _abort_while_peers_wait(rank: int, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    try:
+        if rank == 0:  # never joins: aborts while the others wait for it
+            time.sleep(1.0)
+            g.abort()
+            return "aborted"
+        return _outcome(lambda: dist.all_reduce(torch.ones(4), group=g))
+    finally:
+        dist.barrier()
+
+
+def test_peers_of_a_rank_that_aborts_are_told_so() -> None:
+    """A rank that aborts its group tells the peers it had nothing queued for why, before
+    it cuts the connections: they read "closed the connection (process exited or was
+    killed?)" of a live rank."""
+    res = run_ranks(_abort_while_peers_wait, 3, timeout=120, pg_timeout_s=60)
+    for rank in (1, 2):
+        assert "peer=0" in res[rank] and "rank 0 aborted process group" in res[rank], res
+
+
 def _rooted_ops_on_expanded_views(rank: int, world: int) -> list[tuple[str, str, bool]]:
     import torch
     import torch.distributed as dist

@@ -1069,12 +1069,23 @@ class Mesh:
         except PeerError:
             pass
 
-    def close(self) -> None:
-        """Shut every socket down; unblocks any thread waiting on them."""
+    def close(self, tell: str | None = None) -> None:
+        """Shut every socket down; unblocks any thread waiting on them. ``tell``: first write
+        that reason as an error frame to each peer whose socket takes it at once (an abort:
+        its peers read why instead of a closed connection, as from a dead process; nothing
+        here waits for a busy or full connection)."""
         with self._close_lock:
             if self.closed:
                 return
             self.closed = True
+        if tell is not None and not self.failed:
+            header, text = error_frame(tell, self.group, blamed=-1)  # (this rank)
+            for p in self._live():
+                if p.send_error is None and not p.eof:
+                    try:
+                        p.write_now(header, text, copy_rest=True)
+                    except (PeerError, OSError):
+                        pass
         for p in self._live():
             p.stop()
             try:
