@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import socket
 import threading
@@ -117,6 +118,20 @@ def _shut_down_at_exit() -> None:
             engine.close()
         except Exception:  # noqa: BLE001
             log.debug("mccl group '%s': close at exit failed", engine.label, exc_info=True)
+
+
+def _disown_in_child() -> None:
+    """In a child made by ``os.fork``: the groups copied from the parent are the parent's.
+    Their sockets are the parent's too (shared), and shutting one down at the child's exit
+    cut the parent's connections (both ranks then blamed a live peer); their threads did not
+    come along, so an op would never run. They are dropped from ``_LIVE`` and refuse ops."""
+    for engine in list(_LIVE):
+        engine._disown()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_in_child)
 
 
 def _without_frames(e: BaseException) -> BaseException:
@@ -340,6 +355,7 @@ class Engine:
         self.on_break: Callable[[CollectiveError], None] | None = None
         self._stopped = False
         self._aborted = False
+        self._forked = False  # this process is a fork of the group's (``_disown``)
         self._said_bye = False  # a clean stop told the peers (``close`` then reads to theirs)
         self._next: object = _NO_JOB  # a job taken off the queue by an early start
         self.early_starts = 0  # ops whose first sends went out early (tests read it)
@@ -395,9 +411,20 @@ class Engine:
         with contextlib.suppress(CollectiveError):  # shut down meanwhile: nothing to break
             self.submit(Job(name, sig, body, Work(name), CpuHandoff([]), collective=False))
 
+    def _disown(self) -> None:
+        """This process is a fork of the one that made the group (``_disown_in_child``):
+        stop without touching the sockets; a lock held at the fork by another thread of the
+        parent would never be released here."""
+        self._seq_lock = threading.Lock()
+        self._stopped = self._forked = True
+
     def check_running(self, name: str) -> None:
         """Refuse op ``name`` once the group was shut down or aborted (a CPU send, which
         does not queue, asks here; its sockets are closed by then)."""
+        if self._forked:
+            raise CollectiveError(f"mccl {name}: process group '{self.label}' belongs to the "
+                                  "process this one was forked from; a forked child cannot "
+                                  "use it (make a group in the child)", op=name)
         if self._stopped:
             how = "aborted" if self._aborted else "shut down"
             raise CollectiveError(f"mccl {name}: process group '{self.label}' was {how}",
@@ -768,6 +795,8 @@ class Engine:
         was stopped already."""
         drain_s = self.timeout_s + DRAIN_MARGIN_S if drain_s is None else drain_s
         with self._seq_lock:
+            if self._forked:
+                return False  # the parent's sockets: never shut down from here
             if self._stopped:
                 if abort and not self._aborted:  # a shutdown drains: cut it short
                     self._abort()

@@ -1364,3 +1364,45 @@ def test_a_send_to_a_rank_that_died_breaks_the_group() -> None:
         assert "failed earlier" in out["all_reduce"] and "peer=2" in out["all_reduce"], (
             rank, out)
     assert "reported by rank 1" in res[0]["chain"], res[0]
+
+
+def _forked_child(rank: int, world: int) -> dict:
+    """Rank 0 forks; the child tries an op on the group it inherited, then runs mccl's exit
+    handler (what a normal exit runs) and leaves. The parent's group must still work."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl import engine
+
+    out: dict = {}
+    dist.barrier()
+    if rank == 0:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                said = _outcome(lambda: dist.all_reduce(torch.ones(2)))
+                engine._shut_down_at_exit()
+                os.write(w, said.encode()[:4000])
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            out["child"] = f.read().decode()
+        os.waitpid(pid, 0)
+    t = torch.full((4,), float(rank + 1))
+    out["all_reduce"] = _outcome(lambda: dist.all_reduce(t))
+    out["values"] = t.tolist()
+    return out
+
+
+def test_a_forked_child_leaves_the_parents_groups_alone() -> None:
+    """A child made by os.fork that exited normally shut the parent's groups down at its
+    exit (their sockets are shared): the parent's next op failed on both ranks, each blaming
+    the other, live, rank. Now the child's copies are disowned: an op there is refused, and
+    its exit touches nothing."""
+    res = run_ranks(_forked_child, 2, timeout=120)
+    assert "forked child cannot use it" in res[0]["child"], res[0]
+    for rank in (0, 1):
+        assert res[rank]["all_reduce"] == "NO ERROR", res
+        assert res[rank]["values"] == [3.0] * 4, res
