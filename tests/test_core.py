@@ -248,6 +248,36 @@ def test_receives_posted_ahead_wait_from_their_senders_last_message_not_from_pos
     run_ranks(_slow_stream, 2, 6, 0.6, timeout=120, pg_timeout_s=2.0)
 
 
+def _message_behind_a_queued_collective(rank: int, w: int) -> bool:
+    """Rank 0 queues an async scatter (2 MiB parts), then sends the message rank 1 waits
+    for before it joins the scatter: on rank 0's connection the message comes behind the
+    scatter's large frame, which rank 1, idle with its receive posted, must read past."""
+    import time
+
+    import torch.distributed as dist
+
+    n = (2 << 20) // 4
+    if rank == 0:
+        work = dist.scatter(torch.empty(n), [torch.zeros(n), torch.ones(n)], src=0,
+                            async_op=True)
+        time.sleep(0.3)  # the scatter's frame is on its way first
+        dist.send(torch.arange(1024.0), 1, tag=9)
+        work.wait()
+        return True
+    got = torch.empty(1024)
+    dist.recv(got, 0, tag=9)
+    out = torch.empty(n)
+    dist.scatter(out, None, src=0)
+    return torch.equal(got, torch.arange(1024.0)) and bool((out == 1).all())
+
+
+def test_a_message_behind_a_queued_collective_reaches_its_posted_receive() -> None:
+    """A large frame of a later collective stayed in the socket of an idle rank whose
+    posted receive wanted the message behind it: the receive timed out (gloo completes)."""
+    assert run_ranks(_message_behind_a_queued_collective, 2, timeout=120,
+                     pg_timeout_s=20) == [True, True]
+
+
 def _bad_input(rank: int, w: int) -> list[str]:
     import torch.distributed as dist
 

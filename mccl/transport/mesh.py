@@ -930,7 +930,9 @@ class Mesh:
         """Read ``q``'s frames that have arrived whole (at most ``limit``); return how
         many, or None where it stopped at a frame too large to stash (or that the stash has no
         room for), left in the socket. A p2p message a posted receive wants is always read
-        (into that receive); other large ones only with ``any_p2p``."""
+        (into that receive); other large frames, a later collective's too, only with
+        ``any_p2p`` (a posted receive may want a message behind them: rank 0 queues an async
+        scatter, then the message its peer waits for before it joins the scatter)."""
         for n in range(limit):
             peeked = self._peek_header(q)
             if peeked is None:
@@ -939,8 +941,7 @@ class Mesh:
                                        or not self._has_room(peeked.length)):
                 if peeked.kind == DATA:
                     self._check_early(q, peeked)
-                    return None
-                if not any_p2p and self._receiver(q, peeked) is None:
+                if not any_p2p and (peeked.kind == DATA or self._receiver(q, peeked) is None):
                     return None
             self._stash(q, self._header(q))
         return limit
