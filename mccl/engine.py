@@ -401,15 +401,20 @@ class Engine:
             self._run_counted(job)
         return job.work
 
-    def fail_outside(self, name: str, sig: Signature, error: BaseException) -> None:
+    def fail_outside(self, name: str, sig: Signature, error: BaseException, work: Work) -> None:
         """A failure the queue did not see (a CPU send's, written by its sender thread)
         breaks the group as an op's would: a job that raises it takes its turn, so the ops
-        issued after it fail with it and the peers hear why. Any thread."""
+        issued after it fail with it and the peers hear why, and ``work`` fails then, as a
+        device send's does. An op running meanwhile reads the report the peer may have left
+        before closing (only its thread may read the sockets); if it fails with that, the
+        group's error is the one ``work`` gives. Any thread."""
         def body(ch: OpChannel, hosts: list[torch.Tensor]) -> None:
             raise error
 
-        with contextlib.suppress(CollectiveError):  # shut down meanwhile: nothing to break
-            self.submit(Job(name, sig, body, Work(name), CpuHandoff([]), collective=False))
+        try:
+            self.submit(Job(name, sig, body, work, CpuHandoff([]), collective=False))
+        except CollectiveError as e:  # shut down meanwhile: nothing left to break
+            work.fail(e)
 
     def _disown(self) -> None:
         """This process is a fork of the one that made the group (``_disown_in_child``):

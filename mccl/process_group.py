@@ -63,7 +63,6 @@ from .transport.rendezvous import (
     new_incarnation,
     watch_liveness,
 )
-from .transport.tcp import PeerError
 from .work import LONGEST_TIMEOUT_S, GroupWork, Work, completed_work, timeout_seconds
 
 log = logging.getLogger("mccl")
@@ -890,7 +889,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
 
         engine = self._engine
 
-        def failed(message: str, cause: BaseException) -> None:
+        def failed(cause: BaseException) -> None:
             """Fail the send; where this rank's own shutdown or abort cut it, or the group's
             failure (which closes the connections), say so, not what the broken socket seems
             to say of the peer. Else the group breaks with ``cause``, as it does where a
@@ -904,16 +903,13 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                 work.fail(CollectiveError(f"mccl send to rank {dst} failed: the group failed "
                                           f"first: {broke}", op="send", peer=broke.peer))
             else:
-                engine.fail_outside(op_name, sig, cause)
-                work.fail(CollectiveError(message, op="send",
-                                          peer=getattr(cause, "culprit", dst)))
+                engine.fail_outside(op_name, sig, cause, work)
 
         def done(err):
             if err is None:
                 work.complete()
             else:  # the sender thread's OSError, explained (e.g. no progress for the timeout,
-                e = mesh.send_failure(dst)  # or the report the peer left before it closed)
-                failed(f"mccl send: {e}", e)
+                failed(mesh.send_failure(dst))  # or the report the peer left before closing)
 
         broken = engine.error  # (its connections close only seconds after it broke)
         if broken is not None:
@@ -927,10 +923,8 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             plain = plain_copy(t) if needs_copy(t) else t
             if mesh.send(dst, P2P, sig, 0, coll.as_bytes(plain), tag=tag, on_done=done):
                 work.complete()
-        except PeerError as e:
-            failed(f"mccl send: {e}", e)
-        except Exception as e:  # noqa: BLE001
-            failed(f"mccl send to rank {dst} failed: {e}", e)
+        except Exception as e:  # noqa: BLE001 - PeerError, or a bug: the Work says which
+            failed(e)
         return self._coalesce(work)
 
     def _coalesce(self, work: Work) -> Work:

@@ -822,7 +822,8 @@ def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> 
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "RESULT mccl send: rank 1 has shut the group down" in outs[0], outs[0]
+    assert ("RESULT mccl send (p2p) on rank 0 of group '0' failed [peer rank 1]: peer failure: "
+            "rank 1 has shut the group down") in outs[0], outs[0]
 
 
 def _p2p_dtypes(rank: int, world: int) -> list[str]:

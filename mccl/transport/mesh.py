@@ -484,16 +484,17 @@ class Mesh:
         """Count a frame about to be stashed; raise where that would pass
         ``STASH_MAX_BYTES`` (this rank cannot get past it without keeping it)."""
         if not self._has_room(hdr.length):
-            what = (f"a point-to-point message with tag {hdr.sig.root}" if hdr.kind == P2P
+            p2p = hdr.kind == P2P
+            what = (f"a point-to-point message with tag {hdr.sig.root}" if p2p
                     else f"data of op #{hdr.seq}")
+            advice = ("; post a send's receive before the ops that follow it (on NCCL and "
+                      "gloo a send waits for its receive)" if p2p else "")
             raise PeerError(
                 p.rank,
                 f"rank {p.rank} sent {what} ({hdr.length} bytes) that rank {self.rank} would "
                 f"have to keep until it is wanted, on top of the {self._stash_bytes} bytes "
-                f"it keeps already (limit {STASH_MAX_BYTES}, mesh.STASH_MAX_BYTES): a rank "
-                "kept sending what its peer did not receive while the peer waited for "
-                "something else; post a send's receive before the ops that follow it (on "
-                "NCCL and gloo a send waits for its receive)")
+                f"it keeps already (limit {STASH_MAX_BYTES}, mesh.STASH_MAX_BYTES), to reach "
+                f"what it waits for behind it{advice}")
         self._stash_bytes += hdr.length
 
     def _check_early(self, p: Peer, hdr: Header) -> None:
