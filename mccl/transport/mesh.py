@@ -269,33 +269,31 @@ class Mesh:
             raise
         return False
 
+    def send_failure(self, peer: int) -> PeerError | MismatchError:
+        """Why a send to ``peer`` failed (any thread); see ``_send_error``."""
+        return self._send_error(self.peer(peer))
+
     def _send_error(self, p: Peer) -> PeerError | MismatchError:
         """Why sending to ``p`` failed. A peer that failed first (a mismatch it found, a rank
         it gave up on) sent an error frame before closing: on the thread running an op, read
         what arrived from ``p`` so that reason (or its exit) is reported, not a broken pipe;
-        what it sent before that may show the mismatch here too."""
-        if self._reader is threading.current_thread() and not self._polling and not p.eof:
-            self._polling = True
-            try:
-                self._poll_peer(p)
-            except (PeerError, MismatchError) as e:
-                return e
-            except Exception:  # noqa: BLE001 - the socket error is the answer then
-                pass
-            finally:
-                self._polling = False
-        return p.send_failure()
-
-    def send_failure(self, peer: int) -> PeerError | MismatchError:
-        """Why a send to ``peer`` failed, on any thread: on the one running an op, what
-        ``_send_error`` reads; elsewhere the error report or BYE that ``peer`` left before it
-        closed, where its header has arrived (peeked: a rank whose group broke over a third
-        rank closes its connections, and this rank, writing to it, would otherwise name that
-        live rank as the one that exited); else what the socket said."""
-        p = self.peer(peer)
+        what it sent before that may show the mismatch here too. On another thread, while no
+        op reads the sockets, peek for that report (or a BYE) past what ``p`` sent before it
+        (a rank whose group broke over a third rank closes its connections, and this rank,
+        writing to it, would otherwise name that live rank as the one that exited)."""
         if self._reader is threading.current_thread():
-            return self._send_error(p)
-        try:  # (what it sent before the report, unread here, is looked past)
+            if not self._polling and not p.eof:
+                self._polling = True
+                try:
+                    self._poll_peer(p)
+                except (PeerError, MismatchError) as e:
+                    return e
+                except Exception:  # noqa: BLE001 - the socket error is the answer then
+                    pass
+                finally:
+                    self._polling = False
+            return p.send_failure()
+        try:
             found = self._peek_next(p, False, REPORT_PEEK_BYTES, (STATE, DATA, P2P))
             if found is not None and found[1].kind == ERROR:
                 return self._peeked_report(p, *found)
