@@ -295,13 +295,24 @@ class Mesh:
             return p.send_failure()
         try:
             found = self._peek_next(p, False, REPORT_PEEK_BYTES, (STATE, DATA, P2P))
-            if found is not None and found[1].kind == ERROR:
-                return self._peeked_report(p, *found)
-            if found is not None and found[1].kind == BYE:
-                return PeerError(p.rank, f"rank {p.rank} has shut the group down")
+            left = self._departure(p, found)
+            if left is not None:
+                return left
         except PeerError:
             pass  # (the connection is gone: the socket's error is all there is)
         return p.send_failure()
+
+    def _departure(self, p: Peer, found: tuple[int, Header] | None) -> PeerError | None:
+        """What ``p``'s peeked frame ``found`` (``_peek_next``) says of its leaving: a BYE
+        (it shut the group down) or its error report; None for any other frame."""
+        if found is None:
+            return None
+        at, hdr = found
+        if hdr.kind == BYE:
+            return PeerError(p.rank, f"rank {p.rank} has shut the group down")
+        if hdr.kind == ERROR:
+            return self._peeked_report(p, at, hdr)
+        return None
 
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` has closed its side (exited, killed, or shut the group down): a
@@ -309,14 +320,9 @@ class Mesh:
         p = self.peer(peer)
         if p.eof:
             raise p._closed_error()
-        found = self._peek_next(p, closed_raises=True)
-        if found is None:
-            return
-        at, hdr = found
-        if hdr.kind == BYE:
-            raise PeerError(p.rank, f"rank {p.rank} has shut the group down")
-        if hdr.kind == ERROR:
-            raise self._peeked_report(p, at, hdr)
+        left = self._departure(p, self._peek_next(p, closed_raises=True))
+        if left is not None:
+            raise left
 
     def check_reports(self, peer: int) -> None:
         """End of a collective that received from ``peer``: raise if what follows its data is
