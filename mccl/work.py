@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -47,6 +48,13 @@ class _Completer:
         self._daemon = register is None
         if register is not None:
             register(self._stop_idle)
+
+    def _forget_workers(self) -> None:
+        """In a child made by ``os.fork``: the workers stayed in the parent (and a lock may
+        be held by one), so completions start afresh here."""
+        self._q = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = self._workers = 0
 
     def _stop_idle(self) -> None:
         """Interpreter exit: every worker returns once the queue is drained."""
@@ -121,6 +129,20 @@ def timeout_seconds(timeout: timedelta | float | None, what: str) -> float:
                         ) from None
     return min(secs, LONGEST_TIMEOUT_S)
 
+#: How many times this process is a fork's child away from the one that started (see
+#: ``Work._orphaned``): a Work made before a fork never completes in the child.
+_fork_generation = 0
+
+
+def _count_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+    _COMPLETER._forget_workers()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork_in_child)
+
 #: Works that torch's C++ side may still hold after Python dropped them (``Work.__del__``).
 KEPT_WORKS = 32
 KEPT_MAX_BYTES = 64 << 10
@@ -193,6 +215,7 @@ class Work(dist.Work):
         self.waiting: Callable[[], str] | None = None
         self._src_rank = -1  # not _source_rank: that name is torch's method (dist.recv calls it)
         self._callbacks_lock = threading.Lock()
+        self._generation = _fork_generation
 
     def __del__(self) -> None:
         """Torch's C++ side can hold a Work after its Python object is gone: DDP's Join
@@ -268,11 +291,22 @@ class Work(dist.Work):
             self._gate()
         return True
 
+    def _orphaned(self) -> None:
+        """In a child made by ``os.fork``, an op the parent issued and had not finished
+        fails: the threads that would finish it stayed in the parent, so waiting for it
+        here never returned."""
+        if not self._finished and self._generation != _fork_generation:
+            self.fail(CollectiveError(
+                f"mccl {self.op}: this op was issued by the process this one was forked "
+                "from, and it finishes only there (a forked child cannot wait for it)",
+                op=self.op))
+
     def _await_latch(self, timeout: timedelta | float | None) -> None:
         """Block until the op has finished, at most ``timeout`` (0 or None: no limit)."""
         secs = timeout_seconds(timeout, f"mccl {self.op}: wait(timeout={timeout!r})")
         if self._finished:
             return
+        self._orphaned()
         if not self._latch.acquire(timeout=secs if secs > 0 else -1):
             where = self.waiting() if self.waiting is not None else ""
             raise CollectiveError(f"mccl {self.op}: wait() timed out after {secs:.1f}s"
@@ -299,6 +333,7 @@ class Work(dist.Work):
         self.wait()
 
     def is_completed(self) -> bool:
+        self._orphaned()
         fut = self._made_future()
         return self._finished and (fut is None or fut.done())
 
@@ -313,6 +348,7 @@ class Work(dist.Work):
         error of this Future in C++ too: ``Future.set_exception`` only stores a Python value,
         which DDP's reducer reads as a result (and crashes on: it finds no tensor in it).
         Made on first use: most ops never ask for their future."""
+        self._orphaned()
         with self._callbacks_lock:
             if self._future is None:
                 self._future = self._raw_future().then(_unwrap)

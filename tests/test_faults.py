@@ -1368,32 +1368,57 @@ def test_a_send_to_a_rank_that_died_breaks_the_group() -> None:
 
 
 def _forked_child(rank: int, world: int) -> dict:
-    """Rank 0 forks; the child tries an op on the group it inherited, then runs mccl's exit
-    handler (what a normal exit runs) and leaves. The parent's group must still work."""
+    """Rank 0 posts receives that rank 1 answers only later, and forks; the child waits on
+    those inherited receives and their futures (one made before the fork), tries an op on
+    the group it inherited, then runs mccl's exit handler (what a normal exit runs) and
+    leaves. The parent's group must still work, and the parent's receives get their
+    messages."""
+    import json
+
     import torch
     import torch.distributed as dist
 
     from mccl import engine
 
     out: dict = {}
+    if rank == 0:  # a Future completed by a worker thread, which then idles (in the parent)
+        warm = dist.irecv(torch.zeros(1), src=1).get_future()
     dist.barrier()
-    if rank == 0:
+    if rank == 1:
+        dist.send(torch.ones(1), dst=0)
+    else:
+        warm.wait()
+        box = torch.zeros(3)
+        pending = dist.irecv(box, src=1)
+        asked_work = dist.irecv(torch.zeros(1), src=1)
+        asked = asked_work.get_future()  # made before the fork
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
-                said = _outcome(lambda: dist.all_reduce(torch.ones(2)))
+                said = {"wait": _outcome(pending.wait),
+                        "future": _outcome(lambda: pending.get_future().wait()),
+                        "asked": _outcome(asked_work.wait),
+                        "asked_future": _outcome(asked.wait),
+                        "op": _outcome(lambda: dist.all_reduce(torch.ones(2)))}
                 engine._shut_down_at_exit()
-                os.write(w, said.encode()[:4000])
+                os.write(w, json.dumps(said).encode()[:4000])
             finally:
                 os._exit(0)
         os.close(w)
         with os.fdopen(r, "rb") as f:
-            out["child"] = f.read().decode()
+            out["child"] = json.loads(f.read().decode() or "{}")
         os.waitpid(pid, 0)
     t = torch.full((4,), float(rank + 1))
     out["all_reduce"] = _outcome(lambda: dist.all_reduce(t))
     out["values"] = t.tolist()
+    if rank == 1:
+        dist.send(torch.full((3,), 7.0), dst=0)
+        dist.send(torch.ones(1), dst=0)
+    else:
+        out["recv"] = _outcome(pending.wait)
+        out["asked"] = _outcome(asked.wait)
+        out["box"] = box.tolist()
     return out
 
 
@@ -1401,9 +1426,15 @@ def test_a_forked_child_leaves_the_parents_groups_alone() -> None:
     """A child made by os.fork that exited normally shut the parent's groups down at its
     exit (their sockets are shared): the parent's next op failed on both ranks, each blaming
     the other, live, rank. Now the child's copies are disowned: an op there is refused, and
-    its exit touches nothing."""
+    its exit touches nothing. A Work the parent issued failed to finish in the child, whose
+    wait on it hung: it now fails there, naming the fork, and still finishes in the parent."""
     res = run_ranks(_forked_child, 2, timeout=120)
-    assert "forked child cannot use it" in res[0]["child"], res[0]
+    child = res[0]["child"]
+    assert "forked child cannot use it" in child["op"], res[0]
+    for how in ("wait", "future", "asked", "asked_future"):
+        assert "forked child cannot wait for it" in child[how], (how, res[0])
     for rank in (0, 1):
         assert res[rank]["all_reduce"] == "NO ERROR", res
         assert res[rank]["values"] == [3.0] * 4, res
+    assert res[0]["recv"] == res[0]["asked"] == "NO ERROR", res[0]
+    assert res[0]["box"] == [7.0] * 3, res[0]

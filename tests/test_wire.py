@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import random
+import select
+import signal
 import socket
 import struct
 import threading
@@ -1259,3 +1261,47 @@ def test_a_timeout_says_when_no_other_peer_was_heard_either() -> None:
         mesh.close()
         for s in far.values():
             s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_forked_child_gets_an_error_from_a_future_made_before_the_fork() -> None:
+    """A Work issued before a fork fails in the child when waited on there, and so does the
+    Future asked for before the fork. That Future is completed by a worker thread, and a
+    worker the parent had idle at the fork was counted as there in the child: the child
+    waited for it for good."""
+    from mccl import work
+    from mccl.work import Work
+
+    warm = Work("warm")
+    fut = warm.get_future()
+    warm.complete()  # a worker completes it, then idles
+    fut.wait()
+    deadline = time.monotonic() + 10
+    while work._COMPLETER._idle == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pending = Work("all_reduce")
+    asked = pending.get_future()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = []
+        try:
+            for call in (pending.wait, asked.wait):
+                try:
+                    call()
+                    said.append("NO ERROR")
+                except Exception as e:  # noqa: BLE001
+                    said.append(str(e))
+            os.write(w, "\x1e".join(said).encode()[:8000])
+        finally:
+            os._exit(0)
+    os.close(w)
+    answered, _, _ = select.select([r], [], [], 20)
+    if not answered:  # the child hangs
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode().split("\x1e") if answered else []
+    os.waitpid(pid, 0)
+    assert len(said) == 2, f"the forked child answered {said!r} in 20 s"
+    for text in said:
+        assert "forked child cannot wait for it" in text, said
