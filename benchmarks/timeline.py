@@ -355,6 +355,7 @@ def summarize(out: Path, ceiling_bps: float, link_bytes: int = 0) -> dict:
         **skew,
         "ideal_ms": 1e3 * statistics.median(r["ideal"] for r in rows),
         "op_ms_median": 1e3 * med("time"),
+        "op_ms_per_rank_op": [round(1e3 * r["time"], 1) for r in rows],  # rank by rank
         "before_first_send_us_median": 1e6 * med("first_send"),
         "after_last_recv_us_median": 1e6 * med("tail"),
         "first_recv_done_us_median": 1e6 * med("first_got"),
@@ -496,7 +497,28 @@ def _sample_stats(d: dict, mss: int) -> dict:
             "sampled_recovery_pct": share(lambda r: r["ca_state"] >= 3),
             "sampled_disorder_or_cwr_pct": share(lambda r: r["ca_state"] in (1, 2)),
             "sampled_nothing_unsent_pct": share(lambda r: r["notsent_bytes"] == 0),
-            "sampled_app_limited_pct": share(lambda r: r["app_limited"])}
+            "sampled_app_limited_pct": share(lambda r: r["app_limited"]),
+            "probe_rtt_spans": _probe_rtt_spans(rows)}
+
+
+#: BBR's window in its PROBE_RTT phase (tcp_bbr.c, bbr_cwnd_min_target), in packets.
+PROBE_RTT_WINDOW_PACKETS = 4
+
+
+def _probe_rtt_spans(rows: list[dict]) -> list[list[float]]:
+    """[start s after the first sample, length ms] of each run of samples whose window sat
+    at PROBE_RTT's: BBR holds it there for 200 ms when the flow's minimum RTT went 10 s
+    without renewal, and a ring waits for that link meanwhile."""
+    spans: list[list[float]] = []
+    start = last = None
+    for r in rows + [{"t": None, "snd_cwnd": PROBE_RTT_WINDOW_PACKETS + 1}]:
+        if r["snd_cwnd"] <= PROBE_RTT_WINDOW_PACKETS:
+            start = r["t"] if start is None else start
+            last = r["t"]
+        elif start is not None:
+            spans.append([round(start - rows[0]["t"], 3), round(1e3 * (last - start), 1)])
+            start = None
+    return spans
 
 
 def link_bytes(op: str, size: int, world: int) -> int:

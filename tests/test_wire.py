@@ -1263,6 +1263,35 @@ def test_a_timeout_says_when_no_other_peer_was_heard_either() -> None:
             s.close()
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no per-socket congestion "
+                    "control here (Linux only)")
+def test_data_sockets_leave_bbr_and_keep_what_the_kernel_refuses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """BBR's PROBE_RTT stalls a ring's always-busy flows: a data socket on BBR moves to
+    CUBIC; other congestion controls stay; a swap the kernel refuses leaves the socket as
+    it was, without an error."""
+    from mccl.transport import tcp
+
+    def tuned(system: bytes) -> str:
+        mine, far = tcp_pair()
+        try:
+            try:
+                mine.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, system)
+            except OSError:
+                pytest.skip(f"{system.decode()} is not available here")
+            tcp.tune_socket(mine, 5.0)
+            return tcp.congestion_control(mine)
+        finally:
+            mine.close()
+            far.close()
+
+    assert tuned(b"bbr") == "cubic"
+    assert tuned(b"reno") == "reno"
+    assert tcp.data_congestion_control("bbr") == "cubic"
+    monkeypatch.setitem(tcp.CONGESTION_CONTROL_SWAPS, b"bbr", b"no-such-cc")
+    assert tuned(b"bbr") == "bbr"
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 def test_a_forked_child_gets_an_error_from_a_future_made_before_the_fork() -> None:
     """A Work issued before a fork fails in the child when waited on there, and so does the

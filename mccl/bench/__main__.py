@@ -298,8 +298,11 @@ def _run(args: argparse.Namespace, cfg: Any, backends: list[str], worlds: list[i
         for world in worlds:
             for backend in backends:
                 if not args.quiet:
-                    where = (f"cluster ({args.rate}, {doc['network']['cc'] or 'tcp'})"
-                             if cluster else "loopback")
+                    net = doc["network"]
+                    cc = net.get("cc") or "tcp"
+                    if backend == "mccl" and net.get("mccl_cc", cc) != cc:
+                        cc = f"{cc}, data sockets {net['mccl_cc']}"
+                    where = f"cluster ({args.rate}, {cc})" if cluster else "loopback"
                     print(f"running {backend} world_size={world} on {where}", file=sys.stderr)
                 job = JobResult(backend, world)
                 try:

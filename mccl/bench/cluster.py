@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..transport.tcp import data_congestion_control
 from .cli import add_rx_steering, interrupt_on_sigterm, steering
 from .report import CC_PATH, default_cc, parse_size, plural, read_proc
 
@@ -467,6 +468,7 @@ class Cluster:
                                "rate_bps": self.rate_bps, "mtu": self.mtu,
                                "addrs": [f"{self.subnet}.{i + 1}" for i in range(self.n_hosts)],
                                "bringup_s": self.bringup_s, "cc": self.cc or default_cc(),
+                               "mccl_cc": data_congestion_control(self.cc or default_cc()),
                                "rx_steering": self.steer}
         if self.rate_bps:
             burst, limit = tbf_params(self.rate_bps, self.burst)

@@ -37,6 +37,15 @@ SOCKET_BUFFER_BYTES = 8 << 20
 #: session, benchmarks/results/h200/call_s9i, call_s9j); with the lenient default bucket about
 #: a point on 4 hosts and level on 8. Bytes in flight are not limited by it.
 NOTSENT_LOWAT_BYTES = 256 << 10
+#: Congestion controls a data socket is moved off, and to what (Linux; macOS offers no choice
+#: per socket and runs CUBIC). BBR, the default of some Linux hosts, cuts a flow's window to 4
+#: packets for 200 ms whenever the flow's minimum RTT was not renewed for 10 s (PROBE_RTT),
+#: which a collective's always-busy flows never renew; a ring waits for its slowest link, so
+#: each such phase stalled the whole op. Traced on 4 emulated 1 Gbit hosts, every 256 MB
+#: all-reduce but one of five held one or two (about 190 ms each, 94.7 % of the ceiling); on
+#: CUBIC sockets every sample read 99.9 % (forty-fifth session, benchmarks/results/1gbit/s45).
+CONGESTION_CONTROL_SWAPS = {b"bbr": b"cubic"}
+_CONGESTION = getattr(socket, "TCP_CONGESTION", None)  # Linux only
 #: Largest write of one blocking send call (see ``Peer._write``).
 WRITE_PIECE_BYTES = 8 << 20
 #: How often a blocked receive wakes up to check the other connections (SO_RCVTIMEO).
@@ -125,8 +134,38 @@ def tune_socket(sock: socket.socket, timeout_s: float, probe_s: float | None = N
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
             except OSError:
                 pass
+    swap_congestion_control(sock)
     sock.settimeout(None)
     set_socket_timeouts(sock, timeout_s, probe_s)
+
+
+def congestion_control(sock: socket.socket) -> str:
+    """The socket's TCP congestion control ("" where the OS does not say: not Linux)."""
+    if _CONGESTION is None:
+        return ""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, _CONGESTION, 16).split(b"\0", 1)[0].decode()
+    except OSError:
+        return ""
+
+
+def data_congestion_control(system: str) -> str:
+    """The congestion control mccl's data sockets ask for where the system's is ``system``."""
+    return CONGESTION_CONTROL_SWAPS.get(system.encode(), system.encode()).decode()
+
+
+def swap_congestion_control(sock: socket.socket) -> None:
+    """Move the socket off a congestion control named in ``CONGESTION_CONTROL_SWAPS``; where
+    the kernel refuses (not loaded, not allowed), the socket keeps the system's."""
+    current = congestion_control(sock)
+    wanted = data_congestion_control(current)
+    if wanted == current:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CONGESTION, wanted.encode())
+    except OSError as e:
+        log.debug("keeping the system's congestion control %s (%s refused: %s)",
+                  current, wanted, e)
 
 
 def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | None) -> None:
