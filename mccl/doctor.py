@@ -68,7 +68,11 @@ def _sysctl(names: list[str]) -> dict[str, str]:
 
 def socket_limits() -> dict[str, Any]:
     """Kernel socket buffer limits (they cap what one TCP stream can keep in flight)."""
-    from .transport.tcp import SOCKET_BUFFER_BYTES, _buffer_cap_allows, data_congestion_control
+    from .transport.tcp import (
+        SOCKET_BUFFER_BYTES,
+        _buffer_cap_allows,
+        probe_data_congestion_control,
+    )
 
     limits: dict[str, Any] = {}
     if sys.platform.startswith("linux"):
@@ -79,8 +83,8 @@ def socket_limits() -> dict[str, Any]:
                     limits[key.replace("/", ".")] = " ".join(f.read().split())
             except OSError:
                 pass
-        if cc := limits.get("net.ipv4.tcp_congestion_control"):
-            limits["mccl_data_congestion_control"] = data_congestion_control(cc)
+        if cc := probe_data_congestion_control():  # BBR is left where the kernel allows
+            limits["mccl_data_congestion_control"] = cc
     elif sys.platform == "darwin":
         limits.update(_sysctl(["kern.ipc.maxsockbuf", "net.inet.tcp.sendspace",
                                "net.inet.tcp.recvspace", "net.inet.tcp.autorcvbufmax",

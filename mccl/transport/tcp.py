@@ -44,6 +44,8 @@ NOTSENT_LOWAT_BYTES = 256 << 10
 #: each such phase stalled the whole op. Traced on 4 emulated 1 Gbit hosts, every 256 MB
 #: all-reduce but one of five held one or two (about 190 ms each, 94.7 % of the ceiling); on
 #: CUBIC sockets every sample read 99.9 % (forty-fifth session, benchmarks/results/1gbit/s45).
+#: Without CAP_NET_ADMIN the kernel allows only net.ipv4.tcp_allowed_congestion_control (a
+#: BBR host may list "reno bbr" only): then the socket stays on BBR.
 CONGESTION_CONTROL_SWAPS = {b"bbr": b"cubic"}
 _CONGESTION = getattr(socket, "TCP_CONGESTION", None)  # Linux only
 #: Largest write of one blocking send call (see ``Peer._write``).
@@ -154,6 +156,14 @@ def data_congestion_control(system: str) -> str:
     return CONGESTION_CONTROL_SWAPS.get(system.encode(), system.encode()).decode()
 
 
+def probe_data_congestion_control() -> str:
+    """What a data socket made here ends up on ("" where the OS does not say): the kernel
+    lets an unprivileged process pick only from net.ipv4.tcp_allowed_congestion_control."""
+    with socket.socket() as sock:
+        swap_congestion_control(sock)
+        return congestion_control(sock)
+
+
 def swap_congestion_control(sock: socket.socket) -> None:
     """Move the socket off a congestion control named in ``CONGESTION_CONTROL_SWAPS``; where
     the kernel refuses (not loaded, not allowed), the socket keeps the system's."""
@@ -164,8 +174,15 @@ def swap_congestion_control(sock: socket.socket) -> None:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, _CONGESTION, wanted.encode())
     except OSError as e:
-        log.debug("keeping the system's congestion control %s (%s refused: %s)",
-                  current, wanted, e)
+        global _told_swap_refused
+        if not _told_swap_refused:  # once per process: every data socket would say it
+            _told_swap_refused = True
+            log.info("data sockets keep the system's congestion control %s (%s refused: %s; "
+                     "list it in net.ipv4.tcp_allowed_congestion_control to allow it)",
+                     current, wanted, e)
+
+
+_told_swap_refused = False
 
 
 def set_socket_timeouts(sock: socket.socket, timeout_s: float, probe_s: float | None) -> None:
