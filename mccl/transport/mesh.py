@@ -173,6 +173,11 @@ class Mesh:
     def _live(self) -> list[Peer]:
         return [p for p in self.peers if p is not None]
 
+    def _reachable(self) -> list[Peer]:
+        """Peers whose connection may still take a frame: no send to them failed and they
+        have not closed their side (where a last word, an error report or BYE, can go)."""
+        return [p for p in self._live() if p.send_error is None and not p.eof]
+
     # ---- op bookkeeping (comm thread, once per op) ----
     def begin_op(self, seq: int, sig: Signature) -> None:
         """Record the op this rank is in (seq 0: not a collective); checks probes that peers
@@ -1048,12 +1053,11 @@ class Mesh:
         blamed = culprit if culprit is not None else (BLAME_NOBODY if nobody else -1)
         header, text = error_frame(reason, self.group, seq, blamed,
                                    self._issued(seq) if seq else None)
-        for p in self._live():
-            if p.send_error is None and not p.eof:
-                try:
-                    p.enqueue(header, text)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
+        for p in self._reachable():
+            try:
+                p.enqueue(header, text)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
         t = threading.Timer(ERROR_LINGER_S, self.close)
         t.daemon = True
         t.start()
@@ -1063,13 +1067,12 @@ class Mesh:
         closing connection for a crash."""
         header = pack_header(BYE, Signature(0), self.group, 0, 0)
         sent = []
-        for p in self._live():
-            if p.send_error is None and not p.eof:
-                try:
-                    p.enqueue(header, b"")
-                    sent.append(p.rank)
-                except PeerError:
-                    pass
+        for p in self._reachable():
+            try:
+                p.enqueue(header, b"")
+                sent.append(p.rank)
+            except PeerError:
+                pass
         try:
             self.flush(sent, deadline, poll=False)
         except PeerError:
@@ -1086,12 +1089,11 @@ class Mesh:
             self.closed = True
         if tell is not None and not self.failed:
             header, text = error_frame(tell, self.group, blamed=-1)  # (this rank)
-            for p in self._live():
-                if p.send_error is None and not p.eof:
-                    try:
-                        p.write_now(header, text, copy_rest=True)
-                    except (PeerError, OSError):
-                        pass
+            for p in self._reachable():
+                try:
+                    p.write_now(header, text, copy_rest=True)
+                except (PeerError, OSError):
+                    pass
         for p in self._live():
             p.stop()
             try:
