@@ -6,7 +6,7 @@
 # "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes;
 # TCP_CC every host's TCP congestion control (default: the machine's); STEER=on RPS on every
 # link (bench --rx-steering); TL_RUNS, TL_VARIANTS,
-# TL_GLOO=1 the timelines):
+# TL_GLOO=1 the timelines; TL_RUNS=none skips them):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -47,6 +47,7 @@ done
 # at 4 hosts; TL_GLOO=1 traces gloo too (its sockets' TCP_INFO), once per run, after the
 # first variant's.
 first_v=${TL_VARIANTS:-base:}; first_v=${first_v%% *}
+[ "${TL_RUNS:-}" = none ] && TL_VARIANTS=" "  # no timelines
 for v in ${TL_VARIANTS:-base:}; do
     for run in ${TL_RUNS:-all_reduce:1M all_reduce:64M}; do
       backends=mccl
