@@ -1304,6 +1304,52 @@ def test_data_sockets_leave_bbr_and_keep_what_the_kernel_refuses(
     assert tcp.probe_data_congestion_control() == system
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no TCP_CONGESTION here")
+def test_data_connections_are_made_on_the_swapped_congestion_control(monkeypatch) -> None:
+    """The swap happens before a connection exists: on the dialling socket before connect,
+    on the listener before listen (an accepted connection inherits it). A connection moved
+    off BBR once made keeps what BBR set up at its start (the kernel's pacing), and read a
+    point or more under gloo at 10 Gbit. The sockets the mesh set-up hands over, before
+    ``tune_socket`` sees them, are already on the swapped control at both ends."""
+    from mccl.transport import tcp
+
+    with socket.socket() as plain:
+        system = tcp.congestion_control(plain)
+    target = "reno" if system != "reno" else "cubic"
+    with socket.socket() as probe:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, target.encode())
+        except OSError:
+            pytest.skip(f"{target} is not available or not allowed here")
+    monkeypatch.setitem(tcp.CONGESTION_CONTROL_SWAPS, system.encode(), target.encode())
+    store = dist.HashStore()
+    world = 3
+    results: dict[int, tuple] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            results[r] = connect_mesh(store, r, world, "swapped-early", 30.0, "127.0.0.1")
+        except BaseException as e:  # noqa: BLE001
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    try:
+        got = {(r, p): tcp.congestion_control(s) for r, (_, socks) in results.items()
+               for p, s in socks.items()}
+        assert len(got) == world * (world - 1)
+        assert set(got.values()) == {target}, got
+    finally:
+        for _, socks in results.values():
+            for s in socks.values():
+                s.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 def test_a_forked_child_gets_an_error_from_a_future_made_before_the_fork() -> None:
     """A Work issued before a fork fails in the child when waited on there, and so does the

@@ -27,7 +27,7 @@ from . import handshake, machine
 from .address import join_host_port, split_host_port, stream_address, through_own_interface
 from .fdlimit import GROUP_EXTRA_FDS, make_room
 from .framing import ERROR, HEADER_SIZE, after_states, error_frame
-from .tcp import peek, seconds_text
+from .tcp import peek, seconds_text, swap_congestion_control
 
 log = logging.getLogger("mccl.rendezvous")
 
@@ -719,6 +719,7 @@ def _dial(addr: str, secret: bytes, group: int, rank: int, peer: int,
     while time.monotonic() < deadline:
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
+            swap_congestion_control(s)  # before the connection exists: see tcp.py
             s.settimeout(max(0.1, min(HELLO_TIMEOUT_S, deadline - time.monotonic())))
             s.connect(sockaddr)
             challenge = handshake.parse_challenge(handshake.read_exact(s, handshake.CHALLENGE_SIZE))
@@ -792,6 +793,7 @@ def connect_mesh(store: Store, rank: int, size: int, group_name: str, timeout_s:
     family, sockaddr = stream_address(address, 0)
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
+        swap_congestion_control(listener)  # accepted connections inherit it (see tcp.py)
         listener.bind(sockaddr)
         listener.listen(max(LISTEN_BACKLOG, size))
         port = listener.getsockname()[1]

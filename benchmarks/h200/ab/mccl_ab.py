@@ -43,8 +43,10 @@ session), ``rs_pool_bytes=N`` their bytes (``ring.REDUCE_SCATTER_POOL_BYTES``);
 N bytes (the kernel holds the socket's lock while one receive copies what is queued, and
 handles newly arrived packets, and so their ACKs, only after it); ``ag_copy=0`` skips
 all-gather's local copy of the own segment into the output (timing only: the output's own
-part is then wrong); ``peer_check=0`` skips ``Mesh.check_open`` (a collective's first send
-to each peer looks for its end of stream since the seventeenth session; p2p sends before);
+part is then wrong); ``cc_late=1`` moves a data connection off BBR only once it is made
+(``tune_socket``), not before it is dialled or accepted (before the forty-eighth session);
+``peer_check=0`` skips ``Mesh.check_open`` (a collective's first send to each peer looks for
+its end of stream since the seventeenth session; p2p sends before);
 ``a2a_pairwise=N``: all_to_all queues its sends a step at a time from N bytes to one peer
 (``direct.ALL_TO_ALL_PAIRWISE_BYTES``; a huge N: all at once, as before the twenty-second
 session); ``sockbuf=N``: the SO_SNDBUF/SO_RCVBUF every data socket asks for
@@ -155,6 +157,10 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
                 self._raw = torch.futures.Future(devices=self._devices)
 
         return work, "__init__", init if value else eager
+    if key == "cc_late":
+        rdv = importlib.import_module("mccl.transport.rendezvous")
+        swap = importlib.import_module("mccl.transport.tcp").swap_congestion_control
+        return rdv, "swap_congestion_control", (lambda sock: None) if value else swap
     if key == "peer_check":
         mesh = importlib.import_module("mccl.transport.mesh").Mesh
         check = mesh.check_open
