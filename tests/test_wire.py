@@ -71,6 +71,26 @@ def make_mesh(size: int = 2, timeout_s: float = 5.0, probe_s: float = 0.05):
     return Mesh(0, size, GROUP, mine, timeout_s, "test", probe_s=probe_s), far
 
 
+def mesh_in_threads(store, ranks, world: int, name: str, timeout_s: float,
+                    join_s: float = 60) -> dict:
+    """``connect_mesh`` for ``ranks`` of a ``world``-rank group, one thread each, started
+    together: {rank: (group hash, sockets) or the exception it raised}."""
+    results: dict = {}
+
+    def rank_fn(r: int) -> None:
+        try:
+            results[r] = connect_mesh(store, r, world, name, timeout_s, "127.0.0.1")
+        except BaseException as e:  # noqa: BLE001
+            results[r] = e
+
+    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    return results
+
+
 # ---------------------------------------------------------------- listener hardening
 
 def _closed_by_listener(s: socket.socket) -> bool:
@@ -205,20 +225,7 @@ def test_ranks_that_never_connected_are_told_apart_by_their_published_address() 
     and waits for rank 1's address before it dials anyone. Rank 0 sees neither connect: its
     error named both alike, a live rank beside the dead one; it now says which never
     published an address and which did and may be waiting."""
-    store = dist.HashStore()
-    results: dict = {}
-
-    def rank_fn(r: int) -> None:
-        try:
-            results[r] = connect_mesh(store, r, 3, "half-published", 1.5, "127.0.0.1")
-        except BaseException as e:  # noqa: BLE001
-            results[r] = e
-
-    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in (0, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    results = mesh_in_threads(dist.HashStore(), (0, 2), 3, "half-published", 1.5, join_s=30)
     assert isinstance(results.get(0), TimeoutError), results
     said = str(results[0])
     assert "ranks [1, 2] never connected to rank 0" in said, said
@@ -1322,32 +1329,19 @@ def test_data_connections_are_made_on_the_swapped_congestion_control(monkeypatch
         except OSError:
             pytest.skip(f"{target} is not available or not allowed here")
     monkeypatch.setitem(tcp.CONGESTION_CONTROL_SWAPS, system.encode(), target.encode())
-    store = dist.HashStore()
     world = 3
-    results: dict[int, tuple] = {}
-    errors: dict[int, BaseException] = {}
-
-    def rank_fn(r: int) -> None:
-        try:
-            results[r] = connect_mesh(store, r, world, "swapped-early", 30.0, "127.0.0.1")
-        except BaseException as e:  # noqa: BLE001
-            errors[r] = e
-
-    threads = [threading.Thread(target=rank_fn, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    results = mesh_in_threads(dist.HashStore(), range(world), world, "swapped-early", 30.0)
     try:
+        assert all(isinstance(results.get(r), tuple) for r in range(world)), results
         got = {(r, p): tcp.congestion_control(s) for r, (_, socks) in results.items()
                for p, s in socks.items()}
         assert len(got) == world * (world - 1)
         assert set(got.values()) == {target}, got
     finally:
-        for _, socks in results.values():
-            for s in socks.values():
-                s.close()
+        for done in results.values():
+            if isinstance(done, tuple):
+                for s in done[1].values():
+                    s.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
