@@ -6,7 +6,7 @@
 # "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes;
 # TCP_CC every host's TCP congestion control (default: the machine's); STEER=on RPS on every
 # link (bench --rx-steering); TL_RUNS, TL_VARIANTS,
-# TL_GLOO=1 the timelines; TL_RUNS=none skips them):
+# TL_GLOO=1, TL_HOSTS (default 4) the timelines; TL_RUNS=none skips them):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
 set -u
@@ -44,8 +44,8 @@ for n in $WORLDS; do
     for v in "$@"; do bench "${v%%:*}" "$n" mccl "${v#*:}"; done
 done
 # Timelines: TL_VARIANTS "name:spec ..." (default: the defaults only) x TL_RUNS "op:size ..."
-# at 4 hosts; TL_GLOO=1 traces gloo too (its sockets' TCP_INFO), once per run, after the
-# first variant's.
+# on TL_HOSTS hosts (default 4); TL_GLOO=1 traces gloo too (its sockets' TCP_INFO), once
+# per run, after the first variant's.
 first_v=${TL_VARIANTS:-base:}; first_v=${first_v%% *}
 [ "${TL_RUNS:-}" = none ] && TL_VARIANTS=" "  # no timelines
 for v in ${TL_VARIANTS:-base:}; do
@@ -59,7 +59,7 @@ for v in ${TL_VARIANTS:-base:}; do
         name="${v%%:*}"; [ "$b" = gloo ] && name=gloo
         out="$RES/timeline-$name-$op-$s"
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
-            timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts 4 \
+            timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts "${TL_HOSTS:-4}" \
             --rate "${RATE:-10gbit}" --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
             ${BURST:+--burst $BURST} ${TCP_CC:+--cc $TCP_CC} ${STEER:+--rx-steering $STEER} \
             >"$out.log" 2>&1
