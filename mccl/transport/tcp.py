@@ -49,8 +49,10 @@ NOTSENT_LOWAT_BYTES = 256 << 10
 #: The swap is made before a connection exists (the dialling socket before connect, the
 #: listener before listen: an accepted connection inherits a control set on its listener).
 #: A connection swapped once made keeps what BBR set up at its start (likely the kernel's
-#: own pacing, which BBR turns on and nothing turns off) and read 98.4-98.9 % of the ceiling
-#: at 64-256 MB on 4 emulated 10 Gbit hosts where gloo read 99.7-99.9 (forty-eighth session).
+#: own pacing, which BBR turns on and nothing turns off): in an A/B on 4 and 8 emulated
+#: 10 Gbit BBR hosts, swapped once connected they read 98.3-98.9 % of the ceiling at
+#: 64-256 MB, swapped before 99.5-100.2, gloo 100.0-100.3 (forty-ninth session,
+#: benchmarks/results/h200/call_s49a).
 CONGESTION_CONTROL_SWAPS = {b"bbr": b"cubic"}
 _CONGESTION = getattr(socket, "TCP_CONGESTION", None)  # Linux only
 #: Largest write of one blocking send call (see ``Peer._write``).
