@@ -650,6 +650,41 @@ def test_ab_settings_apply_and_restore() -> None:
         mccl_ab.apply("nope=1")
 
 
+def test_ab_hook_applies_where_mccl_is_not_installed(tmp_path: Path) -> None:
+    """A process whose only way to mccl is the A/B folder on PYTHONPATH (the ranks that
+    ``multiprocessing`` spawns on the device machine, where mccl is not installed, started
+    outside the repo) still applies ``MCCL_AB``: the hook once failed to import mccl there,
+    so Python reported it on stderr and timeline variants ran the default code."""
+    import sysconfig
+
+    ab = REPO / "benchmarks" / "h200" / "ab"
+    # -S: no site, so neither this venv's .pth files (the editable install of mccl) nor the
+    # hook run at start-up; the child adds site-packages as a plain folder (torch and numpy
+    # without mccl), then imports the hook as site would
+    packages = sysconfig.get_paths()["purelib"]
+    child = textwrap.dedent(f"""
+        import sys
+        sys.path[:] = [{str(ab)!r}] + [p for p in sys.path if p] + [{packages!r}]
+        try:
+            import mccl
+        except ImportError:
+            print("mccl hidden")
+        import sitecustomize
+        import mccl
+        from mccl.algorithms import grid
+        print(grid.MIN_RANKS, mccl.__file__)
+    """)
+    env = {**os.environ, "MCCL_AB": "grid_min=1234"}
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, "-S", "-c", child], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "mccl hidden", out.stdout
+    value, path = lines[1].split(" ", 1)
+    assert value == "1234" and Path(path).resolve().is_relative_to(REPO / "mccl")
+
+
 def test_ab_report_keeps_the_ops_of_one_run_apart(tmp_path: Path) -> None:
     """An A/B run that benches several ops: the table has a row per op, variant and world
     (it once kept only the op benched last) and names sizes under 1 MB."""
