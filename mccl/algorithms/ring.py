@@ -38,9 +38,10 @@ REDUCE_SCATTER_SPARES = 2
 #: to stay in cache, which ``reduce_scatter`` prefers for a partial sum whenever the send that
 #: last read the next one has been written. A sum written into a segment-sized buffer lands
 #: in memory out of cache, and each line is read before it is written: a 256 KiB add took
-#: 58-63 us that way against 32-40 us in place on the 2-core machine, and on the 10 Gbit hosts
-#: the comm thread spent 83-103 us per reduce-scatter chunk without the pool against 77-85
-#: with it (twenty-sixth session, call A). Never waited for: a busy slot falls back to a spare.
+#: 58-63 us that way against 32-40 us in place on the 2-core machine; on 8 emulated 10 Gbit
+#: hosts reduce-scatter read 94.4-96.8 % of the link at 64-256 MB with the pool against
+#: 92.2-94.9 without in the fair pairs (twenty-sixth session, call A; 93.9 against 91.1 on
+#: average over three calls). Never waited for: a busy slot falls back to a spare.
 REDUCE_SCATTER_POOL_BYTES = 2 << 20
 REDUCE_SCATTER_POOL_SLOTS = 16
 #: Chunk floor of the chain broadcast: its pipeline fills over w - 2 hops of one chunk time
