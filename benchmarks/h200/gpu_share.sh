@@ -23,7 +23,6 @@ SIZES="${SIZES:-1M,16M,64M,256M}"
 WORLDS="${WORLDS:-4 8}"
 ROUNDS="${ROUNDS:-1}"
 PLACEMENTS="${PLACEMENTS:-spread one}"
-export MPS_DIR="${MPS_DIR:-/tmp/mccl-mps}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
 mkdir -p "$RES"
@@ -32,7 +31,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 . "$REPO/scripts/iproute2_env.sh" "$REPO/.debs" >"$RES/iproute2.log" 2>&1  # no-op if ip exists
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 MPS="$REPO/benchmarks/h200/mps.sh"
-trap 'bash "$MPS" stop; [ -d "$MPS_DIR/log" ] && cp -r "$MPS_DIR/log" "$RES/mps_log"' EXIT
+trap 'bash "$MPS" stop "$RES/mps_log"' EXIT
 echo "gpus $GPUS, cores $(nproc)" >>"$RES/summary.txt"
 for round in $(seq "$ROUNDS"); do
     for n in $WORLDS; do

@@ -185,9 +185,7 @@ stage_clustermps() {
         ( export $(bash "$mps" env)
           cluster_bench "cluster10g_cuda_mps_n$n" "$n" 150 --device cuda --ops all_reduce )
     done
-    bash "$mps" stop
-    # the daemon's logs name every client that connected: proof the ranks went through it
-    cp -r "${MPS_DIR:-/tmp/mccl-mps}/log" "$RES/mps_log" 2>/dev/null
+    bash "$mps" stop "$RES/mps_log"
 }
 
 stage_cluster1g() {

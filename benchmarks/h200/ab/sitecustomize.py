@@ -10,8 +10,9 @@ import os
 import sys
 
 if os.environ.get("MCCL_AB"):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     import mccl_ab
 
     mccl_ab.apply(os.environ["MCCL_AB"])
