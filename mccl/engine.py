@@ -42,6 +42,7 @@ from .device import Handoff
 from .device.cpu import CpuHandoff
 from .device.strided import SpanIndex, byte_span, spans_meet
 from .errors import CollectiveError, InStepError
+from .ops import Kind
 from .transport.framing import DATA, Signature, pack_header
 from .transport.mesh import MISMATCH, Mesh, MismatchError
 from .transport.tcp import PeerError
@@ -274,6 +275,14 @@ class Job:
     park: Park | None = None
 
 
+def _from_every_rank(sig: Signature) -> bool:
+    """Does an op of this signature read data from every rank of the group (directly or
+    through others) before it completes anywhere? A rooted op or an all-to-all need not."""
+    if sig.op == Kind.BARRIER:
+        return True
+    return sig.count > 0 and sig.op in (Kind.ALL_REDUCE, Kind.ALL_GATHER, Kind.REDUCE_SCATTER)
+
+
 def _discard(job: Job) -> None:
     """Give back what a failed or never-run op's hand-off holds; a failure here is logged and
     never keeps the op's Work from being failed."""
@@ -353,6 +362,9 @@ class Engine:
         #: Called once with the error when the group breaks, unless by a mismatch (see
         #: ``_fail``): the process group leaves word for ranks still forming the group.
         self.on_break: Callable[[CollectiveError], None] | None = None
+        #: An op that needs every rank's data completed here, so every rank formed the group
+        #: and none waits in its set-up for word of a break (``ProcessGroupMCCL._leave_word``).
+        self.all_formed = False
         self._stopped = False
         self._aborted = False
         self._forked = False  # this process is a fork of the group's (``_disown``)
@@ -597,6 +609,8 @@ class Engine:
                 raise  # Ctrl-C (or SystemExit) in an op run inline: the caller's, unwrapped
             return True
         job.work.complete(job.handoff.gate(), job.handoff.result_context())
+        if not self.all_formed and job.collective and _from_every_rank(job.sig):
+            self.all_formed = True
         return True
 
     def _await_parked_sharing(self, job: Job) -> None:

@@ -4,6 +4,8 @@ in an error message."""
 from __future__ import annotations
 
 import functools
+import struct
+import zlib
 from collections.abc import Sequence
 from enum import IntEnum
 
@@ -70,6 +72,22 @@ def signature(kind: Kind, dtype: torch.dtype | None = None, redop: Op | None = N
                      int(redop) if redop is not None else 0, root, count)
 
 
+#: Tensors of a coalesced all-reduce that ``split_digest`` counts exactly (more read as this).
+_MAX_SPLIT_TENSORS = 127
+
+
+def split_digest(counts: Sequence[int]) -> int:
+    """``Signature.root`` of an all-reduce of several tensors at once
+    (``all_reduce_coalesced``, torch's coalescing manager): how many tensors (7 bits) and a
+    24-bit digest of their sizes. The total count alone let ranks that split one total
+    differently ([2, 3] and [3, 2]) add one tensor's elements to another's without an error;
+    a single tensor gives 0, as a plain all-reduce does."""
+    if len(counts) < 2:
+        return 0
+    digest = zlib.crc32(struct.pack(f"<{len(counts)}q", *counts)) & 0xFFFFFF
+    return (min(len(counts), _MAX_SPLIT_TENSORS) << 24) | digest
+
+
 _COUNTED = (Kind.ALL_REDUCE, Kind.BROADCAST, Kind.REDUCE, Kind.ALL_GATHER, Kind.GATHER,
             Kind.SCATTER, Kind.REDUCE_SCATTER)
 
@@ -94,6 +112,10 @@ def describe(sig: Signature, global_ranks: Sequence[int] | None = None) -> str:
         parts.append(str(known) if known is not None else "dtype?")
     if sig.count or sig.op in _COUNTED:  # "0 elements" matters in a count mismatch
         parts.append(f"{sig.count} elements")
+    if sig.op == Kind.ALL_REDUCE and sig.root > 0:  # ``split_digest``
+        n = sig.root >> 24
+        more = " or more" if n == _MAX_SPLIT_TENSORS else ""
+        parts.append(f"in {n}{more} tensors of sizes #{sig.root & 0xFFFFFF:06x}")
     if sig.op in (Kind.BROADCAST, Kind.REDUCE, Kind.GATHER, Kind.SCATTER):
         known = global_ranks is not None and 0 <= sig.root < len(global_ranks)
         parts.append(f"root={sig.root} (global {global_ranks[sig.root]})" if known

@@ -38,7 +38,7 @@ from .device.strided import (
 from .engine import Engine, Job
 from .errors import CollectiveError, setup_error
 from .monitor import monitored_barrier
-from .ops import Kind, describe, signature, wire_dtype, wire_numel
+from .ops import Kind, describe, signature, split_digest, wire_dtype, wire_numel
 from .reduce import Op, check
 from .transport.address import choose_address
 from .transport.framing import P2P, Signature
@@ -240,7 +240,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         it: where an op sent it data first, the frame waits behind the data, which it reads
         only once formed. Only within the group timeout of this rank's set-up: no rank waits
         to form longer than that."""
-        if time.monotonic() - self._formed_at >= self._timeout_s:
+        if time.monotonic() - self._formed_at >= self._timeout_s or self._engine.all_formed:
+            # (all formed: nobody waits in set-up for the word, and the store's host may have
+            # exited after its own error; a call to its store then makes torch print a C++
+            # trace)
             return
         culprit = err.peer
         if (culprit is not None and culprit != self._rank and 0 <= culprit < self._size
@@ -582,8 +585,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         check(redop, self._real_pairs(op_name, redop, given[:1])[0].dtype)
         given, refused = self._copied_into(op_name, given, read=True)
         tensors = self._real_pairs(op_name, redop, given)
-        total = sum(t.numel() for t in tensors)
-        sig = signature(Kind.ALL_REDUCE, wire_dtype(tensors[0]), redop, count=total)
+        counts = [t.numel() for t in tensors]
+        sig = signature(Kind.ALL_REDUCE, wire_dtype(tensors[0]), redop, count=sum(counts),
+                        root=split_digest(counts))
         scratch = self._engine.scratch
         flags = [True] * len(tensors)
         return self._submit(op_name, sig,

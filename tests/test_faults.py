@@ -213,6 +213,14 @@ def _cases(rank: int):
             return torch.equal(out, want)
         return f
 
+    def arcoal(sizes):  # one total, split into tensors differently on the odd rank
+        def f(g):
+            ts = [torch.full((k,), float(10 ** i * (rank + 1))) for i, k in enumerate(sizes)]
+            dist.all_reduce_coalesced(ts, group=g)
+            w = dist.get_world_size(g)
+            return all(bool((t == 10 ** i * w * (w + 1) // 2).all()) for i, t in enumerate(ts))
+        return f
+
     return {
         "op": (ar(8), bc(8, 0)),
         "op_ring": (ar(big), ag(big // 4)),
@@ -222,6 +230,8 @@ def _cases(rank: int):
         "dtype": (ar(8), ar(8, torch.int32)),
         "dtype_complex": (arc(4), arc(4, torch.complex128)),
         "redop": (ar(8), ar(8, op=R.MAX)),
+        # (before, only the total was signed: the odd rank's tensors took the others' sums)
+        "coalesced_split": (arcoal([2, 3]), arcoal([3, 2])),
         "root": (bc(8, 0), bc(8, 1)),
         "root_gather": (ga(8, 0), ga(8, 1)),
         "count_gather": (ga(8, 0), ga(0, 0)),
@@ -824,6 +834,55 @@ def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> 
     assert [p.returncode for p in procs] == [0, 0], outs
     assert ("RESULT mccl send (p2p) on rank 0 of group '0' failed [peer rank 1]: peer failure: "
             "rank 1 has shut the group down") in outs[0], outs[0]
+
+
+_STORE_HOST_LEAVES_SCRIPT = r'''
+import os, signal, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import mccl
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=3, timeout=timedelta(seconds=20))
+dist.all_reduce(torch.ones(4))
+if rank == 2:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    if rank == 0:  # fails when rank 2 dies, then exits: the store goes with it
+        w = dist.irecv(torch.empty(4), 2)
+        w.wait()
+    else:
+        time.sleep(3.0)  # rank 0 has gone by now
+        dist.barrier()
+    print("RESULT NO ERROR", flush=True)
+except Exception as e:
+    print("RESULT", e, flush=True)
+'''
+
+
+def test_a_broken_group_leaves_no_word_once_every_rank_formed_it(tmp_path) -> None:
+    """A rank whose group breaks after an op that needed every rank's data completed does not
+    leave word in the store (nobody waits in set-up for it): the store's host may have exited
+    after its own error, and each call to its store made torch print a C++ trace on stderr
+    (seen by an audit: rank 1 here, before the fix)."""
+    script = tmp_path / "store_host_leaves.py"
+    script.write_text(_STORE_HOST_LEAVES_SCRIPT)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(3)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for rank in (0, 1):
+        assert "RESULT mccl" in outs[rank] and "rank 2 closed the connection" in outs[rank], \
+            outs[rank]
+    assert "TCPStore" not in outs[1] and "recvValue" not in outs[1], outs[1]
 
 
 def _p2p_dtypes(rank: int, world: int) -> list[str]:
