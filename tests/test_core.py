@@ -1208,7 +1208,7 @@ def test_no_word_is_left_in_a_store_whose_host_is_the_rank_that_failed(monkeypat
     """A formed rank whose group broke leaves word in the store for ranks still forming it
     (``_leave_word``), except when the culprit is global rank 0, which hosts the store
     unless torchrun's agent does: writing to its dead store only made torch print a C++
-    trace on every survivor."""
+    trace on every survivor; nor once every rank formed the group."""
     import threading
     import time
     from types import SimpleNamespace
@@ -1220,7 +1220,8 @@ def test_no_word_is_left_in_a_store_whose_host_is_the_rank_that_failed(monkeypat
     monkeypatch.setattr(process_group, "give_up",
                         lambda store, label, rank, note: left.append((rank, str(note))))
     pg = SimpleNamespace(_formed_at=time.monotonic(), _timeout_s=600.0, _rank=1, _size=3,
-                         _global_ranks=[4, 0, 7], _store=None, _label="g")
+                         _global_ranks=[4, 0, 7], _store=None, _label="g",
+                         _engine=SimpleNamespace(all_formed=False))
 
     def word(culprit: int | None, agent: str | None = None) -> bool:
         if agent is None:
@@ -1243,6 +1244,8 @@ def test_no_word_is_left_in_a_store_whose_host_is_the_rank_that_failed(monkeypat
     assert word(0, agent="True")  # torchrun's agent hosts the store
     pg._rank = 0
     assert word(0)  # blamed on itself (the peers gave up on it): it lives, and so does the store
+    pg._engine.all_formed = True  # an op needing every rank's data completed: none is forming
+    assert not word(2) and not word(None)
 
 
 def _file_init_job(rank: int, w: int, path: str) -> list[float]:

@@ -814,16 +814,14 @@ except Exception as e:
 '''
 
 
-def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> None:
-    """A process that exits without destroy_process_group, a Future callback of mccl's still
-    running: it exits with status 0 (a daemon completer thread cut off inside the callback
-    aborted the process), and its peers hear it has gone (a send to it was lost)."""
-    script = tmp_path / "leave.py"
-    script.write_text(_EXIT_SCRIPT)
+def _run_script_ranks(path, text: str, world: int) -> tuple[list[int], list[str]]:
+    """Run ``text`` as ``world`` processes (argv: rank, port of rank 0's tcp:// store), each
+    within 90 s; their exit codes and outputs (stdout and stderr together)."""
+    path.write_text(text)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port)],
+    procs = [subprocess.Popen([sys.executable, str(path), str(r), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+             for r in range(world)]
     outs = []
     try:
         for p in procs:
@@ -831,7 +829,15 @@ def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> 
     finally:
         for p in procs:
             p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    return [p.returncode for p in procs], outs
+
+
+def test_leaving_without_destroy_exits_cleanly_and_tells_the_peers(tmp_path) -> None:
+    """A process that exits without destroy_process_group, a Future callback of mccl's still
+    running: it exits with status 0 (a daemon completer thread cut off inside the callback
+    aborted the process), and its peers hear it has gone (a send to it was lost)."""
+    codes, outs = _run_script_ranks(tmp_path / "leave.py", _EXIT_SCRIPT, 2)
+    assert codes == [0, 0], outs
     assert ("RESULT mccl send (p2p) on rank 0 of group '0' failed [peer rank 1]: peer failure: "
             "rank 1 has shut the group down") in outs[0], outs[0]
 
@@ -866,19 +872,7 @@ def test_a_broken_group_leaves_no_word_once_every_rank_formed_it(tmp_path) -> No
     leave word in the store (nobody waits in set-up for it): the store's host may have exited
     after its own error, and each call to its store made torch print a C++ trace on stderr
     (seen by an audit: rank 1 here, before the fix)."""
-    script = tmp_path / "store_host_leaves.py"
-    script.write_text(_STORE_HOST_LEAVES_SCRIPT)
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(3)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            p.kill()
+    _, outs = _run_script_ranks(tmp_path / "store_host_leaves.py", _STORE_HOST_LEAVES_SCRIPT, 3)
     for rank in (0, 1):
         assert "RESULT mccl" in outs[rank] and "rank 2 closed the connection" in outs[rank], \
             outs[rank]
