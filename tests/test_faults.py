@@ -327,7 +327,8 @@ def _mismatch_and_bad_input(rank: int, world: int) -> dict:
 
 
 #: Mismatch cases whose odd op differs from the others' in what an error frame carries of it
-#: (op, dtype, reduce op, count; not a root, and not an all-to-all's splits).
+#: (op, dtype, reduce op, count; not a root, an all-to-all's splits or a coalesced
+#: all-reduce's split).
 SIGNED_APART = ("op", "op_ring", "count", "count_ring", "dtype", "dtype_complex", "redop",
                 "count_gather", "root_gather")
 
