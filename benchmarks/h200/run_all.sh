@@ -82,6 +82,24 @@ stage_env() {
         nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
         "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
         echo "cores $(nproc)"; uname -a
+        # Machines of one kind differ in core speed (fifty-third session: one cost both
+        # backends 1.3-1.7x the CPU time per op of the run before): the model and a short
+        # single-core probe let two runs' machines be compared.
+        grep -m1 'model name' /proc/cpuinfo
+        "$PY" - <<'PROBE'
+import time
+import numpy as np
+a = np.ones(1 << 23, np.float32)
+b = a.copy()
+t = time.perf_counter()
+for _ in range(20):
+    np.add(a, b, out=b)
+add_ms = (time.perf_counter() - t) / 20 * 1e3
+t = time.perf_counter()
+sum(range(3_000_000))
+loop_ms = (time.perf_counter() - t) * 1e3
+print(f"core probe: numpy add of 32 MB {add_ms:.2f} ms, python sum(range(3e6)) {loop_ms:.1f} ms")
+PROBE
         env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)' | sort
         # The device tool copies the working tree but not always a fresh .git, so a commit line
         # can be stale; this digest of the library's sources identifies the code that ran
