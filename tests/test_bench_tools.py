@@ -233,6 +233,49 @@ def test_hung_and_crashed_ranks_are_killed_and_reported(monkeypatch: pytest.Monk
     assert "exited with code" in job.errors[1]["error"]
 
 
+def test_a_rank_that_dies_as_an_op_begins_is_blamed_on_that_op(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's line naming the op can arrive after another rank's death was seen (on a slow
+    machine it did): the runner reads it before giving up, so the error names the op and
+    size instead of "startup", and that size is not listed a second time as skipped."""
+    from mccl.bench import runner
+    from mccl.bench.worker import EVENT_PREFIX
+
+    rank0 = textwrap.dedent(f"""
+        import json, time
+        print({EVENT_PREFIX!r} + json.dumps({{"event": "init"}}), flush=True)
+        time.sleep(0.1)  # the other rank is already dead: inside the runner's grace
+        print({EVENT_PREFIX!r} + json.dumps({{"event": "start", "op": "broadcast",
+                                              "size": 1024}}), flush=True)
+        time.sleep(60)
+        """)
+
+    class RankOneDied:
+        def __init__(self, *args: object) -> None:
+            self.procs = [subprocess.Popen([sys.executable, "-c", rank0],
+                                           stdout=subprocess.PIPE)]
+
+        def kill(self) -> None:
+            for proc in self.procs:
+                proc.kill()
+                proc.wait()
+                if proc.stdout:
+                    proc.stdout.close()
+
+        def crashed(self) -> str:
+            return "rank 1 exited with code 3"
+
+        def logs_tail(self) -> str:
+            return ""
+
+    monkeypatch.setattr(runner, "_Ranks", RankOneDied)
+    cfg = runner.BenchConfig(ops=["broadcast"], sizes=[1024], iters=1, warmup=0, time_budget=0)
+    job = runner.run_job("gloo", 2, cfg)
+    assert [(e["op"], e["size"]) for e in job.errors] == [("broadcast", 1024)]
+    assert "(broadcast size 1024)" in job.errors[0]["error"]
+    assert "rank 1 exited" in job.errors[0]["error"]
+
+
 # -- emulated cluster ---------------------------------------------------------------------
 @pytest.fixture
 def cluster2():
