@@ -244,7 +244,7 @@ def test_a_rank_that_dies_as_an_op_begins_is_blamed_on_that_op(
     rank0 = textwrap.dedent(f"""
         import json, time
         print({EVENT_PREFIX!r} + json.dumps({{"event": "init"}}), flush=True)
-        time.sleep(0.1)  # the other rank is already dead: inside the runner's grace
+        time.sleep(0.1)  # the other rank is already dead: within the runner's grace
         print({EVENT_PREFIX!r} + json.dumps({{"event": "start", "op": "broadcast",
                                               "size": 1024}}), flush=True)
         time.sleep(60)
@@ -269,6 +269,8 @@ def test_a_rank_that_dies_as_an_op_begins_is_blamed_on_that_op(
             return ""
 
     monkeypatch.setattr(runner, "_Ranks", RankOneDied)
+    # a grace far longer than rank 0's 0.1 s, so a loaded machine cannot make the line late
+    monkeypatch.setattr(runner, "CRASH_GRACE_S", 2.0)
     cfg = runner.BenchConfig(ops=["broadcast"], sizes=[1024], iters=1, warmup=0, time_budget=0)
     job = runner.run_job("gloo", 2, cfg)
     assert [(e["op"], e["size"]) for e in job.errors] == [("broadcast", 1024)]
