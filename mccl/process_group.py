@@ -540,7 +540,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             return self._sparse_allreduce(given, redop, opts)
         device = self._device_of(op_name, [given])
         (t,) = self._real_pairs(op_name, redop, [given])
-        check(redop, t.dtype)
+        check(redop, t.dtype, op_name)
         sig = signature(Kind.ALL_REDUCE, wire_dtype(t), redop, count=t.numel())
         run = coll.AllReduce(redop, self._engine.scratch)
         return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
@@ -582,7 +582,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._same_dtype(op_name, given)
         if not given:
             return completed_work(op_name, [])
-        check(redop, self._real_pairs(op_name, redop, given[:1])[0].dtype)
+        check(redop, self._real_pairs(op_name, redop, given[:1])[0].dtype, op_name)
         given, refused = self._copied_into(op_name, given, read=True)
         tensors = self._real_pairs(op_name, redop, given)
         counts = [t.numel() for t in tensors]
@@ -620,7 +620,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         given = self._one(op_name, tensors)
         device = self._device_of(op_name, [given])
         (t,) = self._real_pairs(op_name, redop, [given])
-        check(redop, t.dtype)
+        check(redop, t.dtype, op_name)
         sig = signature(Kind.REDUCE, wire_dtype(t), redop, root, t.numel())
         scratch = self._engine.scratch
         is_root = self.rank() == root
@@ -735,7 +735,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, f"input[{self.rank()}]", ins[self.rank()], out.numel())
         (given,), refused = self._copied_into(op_name, [out])
         *ins, out = self._real_pairs(op_name, redop, ins + [given])
-        check(redop, out.dtype)
+        check(redop, out.dtype, op_name)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(out), redop,
                         count=sum(t.numel() for t in ins))
         n = len(ins)
@@ -753,7 +753,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._numel_is(op_name, "input", input, output.numel() * w)
         (given,), refused = self._copied_into(op_name, [output])
         output, input = self._real_pairs(op_name, redop, [given, input])
-        check(redop, output.dtype)
+        check(redop, output.dtype, op_name)
         sig = signature(Kind.REDUCE_SCATTER, wire_dtype(output), redop, count=input.numel())
         run = coll.ReduceScatter(redop, self._engine.scratch, flat=True)
         own = self.rank() * output.numel() * output.element_size()  # its part of the input

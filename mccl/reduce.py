@@ -59,11 +59,13 @@ _BOOL: dict[Op, Reducer] = {
 }
 
 
-def check(op: Op, dtype: torch.dtype) -> None:
-    """Raise a TypeError naming both if this pair cannot be reduced."""
+def check(op: Op, dtype: torch.dtype, collective: str | None = None) -> None:
+    """Raise a TypeError naming the reduce op, the dtype and (if given) the collective if
+    this pair cannot be reduced."""
+    where = f"mccl {collective}" if collective else "mccl"
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"mccl does not support dtype {dtype} (supported: "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)})")
+        raise TypeError(f"{where}: reduce op {op.name} cannot reduce dtype {dtype} (mccl "
+                        f"reduces {', '.join(str(d) for d in SUPPORTED_DTYPES)})")
     if dtype == torch.bool:
         ok = op in _BOOL
     elif dtype in INT_DTYPES:
@@ -71,7 +73,7 @@ def check(op: Op, dtype: torch.dtype) -> None:
     else:
         ok = op in _ARITH
     if not ok:
-        raise TypeError(f"reduce op {op.name} is not defined for dtype {dtype} in mccl")
+        raise TypeError(f"{where}: reduce op {op.name} is not defined for dtype {dtype}")
 
 
 @functools.cache

@@ -576,7 +576,13 @@ def _barriers_and_errors(c: Checker, rank: int, world: int) -> None:
         c.raises("reduce_scatter_tensor wrong size", ValueError,
                  lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(3)), "elements")
         c.raises("unsupported dtype", TypeError,
-                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.float8_e4m3fn)), "float8")
+                 lambda: dist.all_reduce(torch.ones(2, dtype=torch.float8_e4m3fn)),
+                 "all_reduce", "SUM", "float8")
+        c.raises("unsupported dtype, reduce-scatter", TypeError,
+                 lambda: dist.reduce_scatter_tensor(torch.zeros(3, dtype=torch.uint16),
+                                                    torch.zeros(3 * world, dtype=torch.uint16),
+                                                    op=dist.ReduceOp.MAX),
+                 "reduce_scatter_tensor", "MAX", "uint16")
         t = torch.full((2,), float(rank))
         dist.all_reduce(t)  # every error above left the group usable
         c.eq("all_reduce after errors", t, torch.full((2,), float(sum(range(world)))))
