@@ -1005,6 +1005,31 @@ def test_peers_of_a_rank_that_aborts_are_told_so() -> None:
         assert "peer=0" in res[rank] and "rank 0 aborted process group" in res[rank], res
 
 
+def _abort_in_an_op_its_peer_comes_to_later(rank: int, world: int) -> str:
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=60))
+    try:
+        dist.all_reduce(torch.ones(1), group=g)
+        if rank == 0:  # sends its part of the small op, waits for rank 1's, then aborts
+            threading.Timer(1.0, g.abort).start()
+        else:
+            time.sleep(2.5)  # comes to the op after the abort: rank 0's part is waiting
+        return _outcome(lambda: dist.all_reduce(torch.ones(1000), group=g))
+    finally:
+        dist.barrier()
+
+
+def test_a_rank_that_comes_to_an_op_its_peer_aborted_in_fails_it() -> None:
+    """Before: rank 1 found rank 0's data of the op in its socket, returned the full sum
+    and heard of the abort only at its next op, while rank 0's op had failed. The abort's
+    report is numbered with the op it cut short, which the peer checks before success."""
+    res = run_ranks(_abort_in_an_op_its_peer_comes_to_later, 2, timeout=120, pg_timeout_s=60)
+    assert "aborted" in res[0], res
+    assert "peer=0" in res[1] and "rank 0 aborted process group" in res[1], res
+
+
 def _rooted_ops_on_expanded_views(rank: int, world: int) -> list[tuple[str, str, bool]]:
     import torch
     import torch.distributed as dist

@@ -1082,13 +1082,16 @@ class Mesh:
         """Shut every socket down; unblocks any thread waiting on them. ``tell``: first write
         that reason as an error frame to each peer whose socket takes it at once (an abort:
         its peers read why instead of a closed connection, as from a dead process; nothing
-        here waits for a busy or full connection)."""
+        here waits for a busy or full connection). The frame is numbered with the first
+        collective this rank did not complete, so a peer that comes to that op later and
+        finds this rank's data of it waiting fails it too (``check_reports``)."""
         with self._close_lock:
             if self.closed:
                 return
             self.closed = True
         if tell is not None and not self.failed:
-            header, text = error_frame(tell, self.group, blamed=-1)  # (this rank)
+            header, text = error_frame(tell, self.group, seq=self.done_seq + 1,
+                                       blamed=-1)  # (this rank)
             for p in self._reachable():
                 try:
                     p.write_now(header, text, copy_rest=True)
