@@ -456,7 +456,8 @@ class Peer:
                                         "(twice the group timeout)")
         if getattr(e, "errno", None) in _RESETS:
             return PeerError(self.rank, f"sending to rank {self.rank} failed: the connection "
-                                        f"was reset (process exited or was killed?): {e}")
+                                        "was reset (process exited, was killed or aborted the "
+                                        f"group?): {e}")
         return PeerError(self.rank, f"sending to rank {self.rank} failed: {e}")
 
     def stop(self) -> None:
@@ -530,7 +531,7 @@ class Peer:
     def _conn_error(self, e: OSError) -> PeerError:
         if e.errno in _RESETS:
             err = PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
-                                       f"exited or was killed?): {e}")
+                                       f"exited, was killed or aborted the group?): {e}")
             if not self.bye:
                 self.lost = str(err)
             return err
@@ -540,8 +541,8 @@ class Peer:
         if self.bye:
             return PeerError(self.rank, f"rank {self.rank} shut the group down and closed the "
                                         "connection")
-        err = PeerError(self.rank, f"rank {self.rank} closed the connection (process exited "
-                                   "or was killed?)")
+        err = PeerError(self.rank, f"rank {self.rank} closed the connection (process exited, "
+                                   "was killed or aborted the group?)")
         self.lost = str(err)
         return err
 
