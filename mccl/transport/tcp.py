@@ -81,6 +81,9 @@ _POLL = getattr(select, "poll", None)  # macOS and Linux have it; elsewhere peek
 _TIMEOUTS = (BlockingIOError, TimeoutError)
 #: errnos of a connection its peer's end dropped (a killed process, a reboot)
 _RESETS = (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
+#: What a connection a peer closed or reset without a goodbye may mean (an aborting rank
+#: whose connection was busy could not send its report first).
+_GONE_HINT = "(process exited, was killed or aborted the group?)"
 
 
 
@@ -456,8 +459,7 @@ class Peer:
                                         "(twice the group timeout)")
         if getattr(e, "errno", None) in _RESETS:
             return PeerError(self.rank, f"sending to rank {self.rank} failed: the connection "
-                                        "was reset (process exited, was killed or aborted the "
-                                        f"group?): {e}")
+                                        f"was reset {_GONE_HINT}: {e}")
         return PeerError(self.rank, f"sending to rank {self.rank} failed: {e}")
 
     def stop(self) -> None:
@@ -530,8 +532,8 @@ class Peer:
 
     def _conn_error(self, e: OSError) -> PeerError:
         if e.errno in _RESETS:
-            err = PeerError(self.rank, f"connection to rank {self.rank} was reset (process "
-                                       f"exited, was killed or aborted the group?): {e}")
+            err = PeerError(self.rank, f"connection to rank {self.rank} was reset "
+                                       f"{_GONE_HINT}: {e}")
             if not self.bye:
                 self.lost = str(err)
             return err
@@ -541,8 +543,7 @@ class Peer:
         if self.bye:
             return PeerError(self.rank, f"rank {self.rank} shut the group down and closed the "
                                         "connection")
-        err = PeerError(self.rank, f"rank {self.rank} closed the connection (process exited, "
-                                   "was killed or aborted the group?)")
+        err = PeerError(self.rank, f"rank {self.rank} closed the connection {_GONE_HINT}")
         self.lost = str(err)
         return err
 
