@@ -35,6 +35,20 @@ class SegmentIO(Protocol):
     def copy_back(self, i: int) -> None: ...
 
 
+class StagedByRange(Protocol):
+    """An op's run whose large tensor a staged hand-off may copy range by range."""
+
+    ranged: int  # that tensor's index among the op's tensors
+    in_bytes: bool  # its ranges count bytes, not elements
+
+    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+               cap: int) -> tuple[tuple[int, int], ...] | None:
+        """Its ranges in the order the body first needs them, or None: copied whole."""
+        ...
+
+    def stage(self, io: SegmentIO) -> None: ...
+
+
 def _require_contiguous(t: torch.Tensor) -> None:
     """A strided tensor has no flat view (``reshape`` would silently copy it, and a result
     written there would be lost); the hand-off makes contiguous copies before this point."""
@@ -132,6 +146,14 @@ class AllReduce:
         self._cols: int | None = None  # a grid's row length (``grid.columns``), else the ring
         self._staged: tuple | None = None  # (work tensor, ready, final) of a staged op
 
+    #: The tensor a staged hand-off may copy range by range (``StagingHandoff.pipeline``),
+    #: and whether its ranges count bytes.
+    ranged, in_bytes = 0, False
+
+    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+               cap: int) -> tuple[tuple[int, int], ...] | None:
+        return staging_ranges(tensors[0], w, r, cap)
+
     def stage(self, io: SegmentIO) -> None:
         """Caller's thread, before submission: the hand-off copies range by range."""
         self.io = io
@@ -219,8 +241,28 @@ def staging_ranges(t: torch.Tensor, w: int, r: int,
     than one piece: the pieces would be just the ring's segments, each costing a fence and
     waits on the comm thread between the ring's chunks, for little hidden (8 hosts, 4 MB,
     CUDA tensors at 10 Gbit: 81 % of the link in pieces, 95 % whole; 4 hosts level)."""
-    ranges = staging_plan(t, w, r, cap).ranges
-    return ranges if len(ranges) > w else None
+    return _cut_ranges(staging_plan(t, w, r, cap), w)
+
+
+def _cut_ranges(plan: ring.CopyPlan, w: int) -> tuple[tuple[int, int], ...] | None:
+    return plan.ranges if len(plan.ranges) > w else None
+
+
+def _ring_plan(ch: Channel, n: int, itemsize: int, io: SegmentIO | None) -> ring.CopyPlan | None:
+    """The plan a staged flat all-gather or reduce-scatter copies by (``ring.copy_plan``: the
+    ring's segments and chunks are the all-reduce's for the same ``n`` items), if staged."""
+    return None if io is None else ring.copy_plan(n, ch.size, ch.rank, itemsize,
+                                                  cap=ch.chunk_cap)
+
+
+def _flat_ranges(n: int, itemsize: int, w: int, r: int,
+                 cap: int) -> tuple[tuple[int, int], ...] | None:
+    """The ranges a staged flat all-gather (bytes) or reduce-scatter (elements) copies its
+    large tensor in, or None (copied whole): one rank, the grid (``_grid_columns``), whose
+    order is not the ring's, or segments not cut into pieces (``staging_ranges``)."""
+    if w == 1 or grid.columns(n, w, itemsize, cap):
+        return None
+    return _cut_ranges(ring.copy_plan(n, w, r, itemsize, cap=cap), w)
 
 
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:
@@ -362,12 +404,28 @@ class ReduceScatter:
     cheaper per op than a torch slice and view per rank). Inputs are only read (no copy of
     them, except the float32 copy that half types reduce in); half types round once."""
 
+    #: A staged hand-off may copy the flat form's input range by range (``AllReduce``).
+    ranged, in_bytes = 1, False
+
     def __init__(self, op: Op, scratch: Scratch, flat: bool):
         self.op = op
         self.scratch = scratch
         self.flat = flat
+        self.io: SegmentIO | None = None
         self._parts: tuple[torch.Tensor, list[np.ndarray]] | None = None
         self._grid: tuple[np.ndarray, int] | None = None  # (flat input, row length)
+        self._ready: ring.ChunkHook = None  # a staged op's wait for its input's pieces
+
+    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+               cap: int) -> tuple[tuple[int, int], ...] | None:
+        """Half types reduce in a float32 copy of the whole input: copied whole."""
+        t = tensors[self.ranged]
+        if not self.flat or t.dtype in UPCAST:
+            return None
+        return _flat_ranges(t.numel(), t.element_size(), w, r, cap)
+
+    def stage(self, io: SegmentIO) -> None:
+        self.io = io
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         out = hosts[0] if self.flat else hosts[-1]
@@ -375,6 +433,16 @@ class ReduceScatter:
         if self.flat:
             arr = _readable(hosts[1], up)
             cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
+            plan, io = _ring_plan(ch, arr.shape[0], arr.itemsize, self.io), self.io
+            if plan is not None and io is not None:
+                assert not cols and up is None, "a staged reduce-scatter runs the plain ring"
+
+                def ready(s: int, j: int) -> None:
+                    p = plan.starts[s][j]
+                    if p >= 0:
+                        io.wait_range(p)
+
+                self._ready = ready
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
             cols = _list_grid_columns(ch, src)
@@ -387,7 +455,7 @@ class ReduceScatter:
         if self.flat:
             src = _segments(arr, ch.size)
         self._parts = (out, src)
-        ring.reduce_scatter_start(ch, src)
+        ring.reduce_scatter_start(ch, src, ready=self._ready)
 
     def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         assert self._parts is not None, "finish before start"
@@ -399,7 +467,8 @@ class ReduceScatter:
             arr, cols = self._grid
             grid.reduce_scatter(ch, arr, as_array(work), fn, fin, self.scratch, cols, started=True)
         else:
-            ring.reduce_scatter(ch, src, as_array(work), fn, fin, self.scratch, started=True)
+            ring.reduce_scatter(ch, src, as_array(work), fn, fin, self.scratch, started=True,
+                                ready=self._ready)
         if up is not None:
             out.reshape(-1).copy_(work)
 
@@ -409,17 +478,43 @@ class AllGather:
     input. Host tensors: the outputs, one per rank, then the input (``flat``: one output
     holding every rank's part in rank order, then the input)."""
 
+    #: A staged hand-off may copy the flat form's output back range by range, in bytes
+    #: (``AllReduce``).
+    ranged, in_bytes = 0, True
+
     def __init__(self, flat: bool):
         self.flat = flat
+        self.io: SegmentIO | None = None
         self._parts: tuple[list[np.ndarray], np.ndarray] | None = None
         self._grid: tuple[np.ndarray, int] | None = None  # (flat output, row length)
         self._outs: list[np.ndarray] = []  # the list form's outputs, when a grid fills a copy
+        self._final: ring.ChunkHook = None  # a staged op's copy back of its output's pieces
+
+    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+               cap: int) -> tuple[tuple[int, int], ...] | None:
+        t = tensors[self.ranged]
+        if not self.flat:
+            return None
+        return _flat_ranges(t.numel() * t.element_size(), 1, w, r, cap)
+
+    def stage(self, io: SegmentIO) -> None:
+        self.io = io
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         if self.flat:
             out = as_bytes(hosts[0])
             segs = _segments(out, ch.size)
             cols = _grid_columns(ch, out.shape[0], 1)
+            plan, io = _ring_plan(ch, out.shape[0], 1, self.io), self.io
+            if plan is not None and io is not None:
+                assert not cols, "a staged all-gather runs the plain ring"
+
+                def final(s: int, j: int) -> None:
+                    p = plan.ends[s][j]
+                    if p >= 0:
+                        io.copy_back(p)
+
+                self._final = final
         else:
             segs = [as_bytes(o) for o in hosts[:-1]]
             cols = _list_grid_columns(ch, segs)
@@ -443,7 +538,7 @@ class AllGather:
             for dst, src in zip(self._outs, self._parts[0], strict=False):
                 dst[:] = src
         else:
-            ring.all_gather(ch, *self._parts, started=True)
+            ring.all_gather(ch, *self._parts, started=True, final=self._final)
 
 
 def all_to_all(ch: Channel, outs: list[np.ndarray], ins: list[np.ndarray]) -> None:

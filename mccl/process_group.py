@@ -469,15 +469,17 @@ class ProcessGroupMCCL(dist.ProcessGroup):
     # ---- submission ----
     def _submit(self, name: str, sig: Signature, body, tensors: list[torch.Tensor],
                 reads: list[bool], writes: list[bool], result: list[torch.Tensor],
-                collective: bool = True, opts=None, start=None, segmented=None,
+                collective: bool = True, opts=None, start=None,
+                segmented: coll.StagedByRange | None = None,
                 device: torch.device | None | object = _UNCHECKED, park=None,
                 placements: Sequence[Placement] = (),
                 refused: BaseException | None = None) -> Work:
         """``device``: what ``_device_of`` already returned for exactly these ``tensors``
         (spares validating them twice); checked here if not given. ``start(ch, hosts)``: the
         part of the op that only sends, run before ``body`` (``Job.start``).
-        ``segmented(io)``: called when a staged hand-off copies the one tensor piece by piece
-        in the ring's order (all-reduce only), before the op is queued. ``placements``: where
+        ``segmented``: the op's run, whose large tensor a staged hand-off may copy piece by
+        piece in the ring's order (all-reduce, flat all-gather and reduce-scatter); told so
+        (``stage``) before the op is queued. ``placements``: where
         an input may share memory with an output (the op's in-place layout); an input that
         shares it otherwise is read from a copy (``clashing_inputs``). A result tensor that
         cannot take the result (an expanded view) is something this rank's peers cannot tell:
@@ -509,9 +511,10 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
         if pipeline is not None and pipeline(
-                lambda: coll.staging_ranges(tensors[0], self.size(), self.rank(),
-                                            self._engine.chunk_cap)):
-            segmented(handoff)
+                lambda: segmented.ranges(tensors, self.size(), self.rank(),
+                                         self._engine.chunk_cap),
+                segmented.ranged, segmented.in_bytes):
+            segmented.stage(handoff)
         devices = [device] if device is not None and device.type == "cuda" else None
         blocking = opts is not None and getattr(opts, "asyncOp", True) is False
         work = Work(name, result, devices=devices, blocking=blocking, refused=refused)
@@ -544,7 +547,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         sig = signature(Kind.ALL_REDUCE, wire_dtype(t), redop, count=t.numel())
         run = coll.AllReduce(redop, self._engine.scratch)
         return self._submit(op_name, sig, run.finish, [t], [True], [True], [given], opts=opts,
-                            device=device, start=run.start, segmented=run.stage)
+                            device=device, start=run.start, segmented=run)
 
     def _sparse_allreduce(self, t: torch.Tensor, redop: Op, opts) -> Work:
         """A sparse COO gradient (``nn.Embedding(sparse=True)`` under DDP): SUM only and CPU
@@ -660,7 +663,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         own = self.rank() * inp.numel() * inp.element_size()  # this rank's slot of the output
         return self._submit(op_name, sig, run.finish, [output, inp], [False, True],
                             [True, False], [output], opts=opts, start=run.start,
-                            placements=[(1, 0, own)], refused=refused)
+                            placements=[(1, 0, own)], refused=refused, segmented=run)
 
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_flat("all_gather_into_tensor", output, input, opts)
@@ -759,7 +762,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         own = self.rank() * output.numel() * output.element_size()  # its part of the input
         return self._submit(op_name, sig, run.finish, [output, input], [False, True],
                             [True, False], [given], opts=opts, device=device, start=run.start,
-                            placements=[(0, 1, own)], refused=refused)
+                            placements=[(0, 1, own)], refused=refused, segmented=run)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_flat("reduce_scatter_tensor", output, input, opts)

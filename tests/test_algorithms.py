@@ -420,6 +420,77 @@ def test_all_gather_uneven(world: int, started: bool) -> None:
             np.testing.assert_array_equal(s, np.full(sizes[i], i + 1, dtype=np.uint8))
 
 
+@pytest.mark.parametrize("world", [w for w in WORLDS if w > 1])
+@pytest.mark.parametrize("n", [1, 5, 1234])
+@pytest.mark.parametrize("started", [False, True], ids=["one call", "two parts"])
+def test_ring_all_gather_and_reduce_scatter_chunk_hooks(world: int, n: int,
+                                                        started: bool) -> None:
+    """The staged flat forms' hooks, on the all-reduce's plan for the same n items:
+    reduce-scatter calls ready(s, j) before it reads chunk j of input segment s (NaN until
+    then), once per chunk, in the order of the plan's pieces; all-gather calls final(s, j)
+    once chunk j of segment s holds its data, once per chunk, each segment's in order, so
+    a piece is whole when its last chunk's final comes."""
+    chunk_bytes = 256
+
+    def body(ch):
+        r = ch.rank
+        offs = split(world * n, world)
+        plan = ring.copy_plan(world * n, world, r, 8, chunk_bytes)
+        k = len(plan.starts[0])
+        cuts = [[offs[s] + c for c in split(offs[s + 1] - offs[s], k)] for s in range(world)]
+        real = data(r, world * n)
+        inp = np.full(world * n, np.nan)
+        src = [inp[offs[i]:offs[i + 1]] for i in range(world)]
+        readies: list[tuple[int, int]] = []
+
+        def ready(s: int, j: int) -> None:
+            a, b = cuts[s][j], cuts[s][j + 1]
+            readies.append((a, b))
+            inp[a:b] = real[a:b]
+
+        out = np.full(n, np.nan)
+        fn, fin = reducer(Op.SUM, torch.float64), finisher(Op.SUM, world)
+        if started:
+            ring.reduce_scatter_start(ch, src, chunk_bytes, ready=ready)
+        ring.reduce_scatter(ch, src, out, fn, fin, Scratch(), chunk_bytes, started=started,
+                            ready=ready)
+        assert len(readies) == world * k
+        pieces = [i for a, b in plan.ranges for i in range(a, b)]
+        assert [i for a, b in readies for i in range(a, b)] == pieces
+
+        ch.sends_done_calls = 0  # the all-gather is a second op (a fresh channel in mccl)
+        gathered = np.full(world * n, np.nan)
+        segs = [gathered[offs[i]:offs[i + 1]] for i in range(world)]
+        finals: list[tuple[int, int]] = []
+        ends = 0
+
+        def final(s: int, j: int) -> None:
+            nonlocal ends
+            finals.append((s, j))
+            a, b = cuts[s][j], cuts[s][j + 1]
+            assert not np.isnan(gathered[a:b]).any()
+            p = plan.ends[s][j]
+            if p >= 0:  # the piece ending here is whole
+                ends += 1
+                pa, pb = plan.ranges[p]
+                assert not np.isnan(gathered[pa:pb]).any()
+
+        if started:
+            ring.all_gather_start(ch, segs, out, chunk_bytes)
+        ring.all_gather(ch, segs, out, chunk_bytes, started=started, final=final)
+        assert sorted(finals) == [(s, j) for s in range(world) for j in range(k)]
+        for s in range(world):
+            assert [j for t, j in finals if t == s] == list(range(k))
+        assert ends == len(plan.ranges)
+        return out, gathered
+
+    want = sum(data(r, world * n) for r in range(world))
+    offs = split(world * n, world)
+    for r, (out, gathered) in enumerate(run_all(world, body)):
+        np.testing.assert_array_equal(out, want[offs[r]:offs[r + 1]])
+        np.testing.assert_array_equal(gathered, want)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_broadcasts_and_barrier(world: int) -> None:
     def body(ch):

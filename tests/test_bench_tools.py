@@ -686,6 +686,13 @@ def test_ab_settings_apply_and_restore() -> None:
     assert whole.starts[1][0] == whole.ends[1][-1] == 3  # segment 1 is read last
     undo()
     assert ring.copy_plan is plan
+    from mccl import collectives
+
+    flat = collectives._flat_ranges
+    undo = mccl_ab.apply("flat_ranges=0")
+    assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20) is None
+    undo()
+    assert collectives._flat_ranges is flat
     interval = sys.getswitchinterval()
     undo = mccl_ab.apply("switch=250")
     assert sys.getswitchinterval() == pytest.approx(250e-6)

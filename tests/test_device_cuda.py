@@ -227,6 +227,73 @@ def test_ranged_all_reduce_on_cuda_tensors() -> None:
     assert all(run_ranks(_ranged, 3, timeout=240))  # 3: the first and last pieces differ
 
 
+def _ranged_gather_scatter(rank: int, world: int) -> bool:
+    import torch.distributed as dist
+
+    from mccl.device import staging
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    ranged: list[str] = []
+    orig = staging.StagingHandoff.pipeline
+
+    def counted(self, ranges, index=0, in_bytes=False):
+        got = orig(self, ranges, index, in_bytes)
+        if got:  # this op ran with range-by-range copies
+            ranged.append("all_gather" if in_bytes else "reduce_scatter")
+        return got
+
+    staging.StagingHandoff.pipeline = counted
+
+    def all_gather(m: int, dtype: torch.dtype, in_place: bool = False) -> None:
+        def vals(r: int) -> torch.Tensor:
+            return (torch.arange(m, device=dev) % 1000 * 7 + r).to(dtype)
+
+        out = torch.zeros(world * m, device=dev, dtype=dtype)
+        inp = out[rank * m:(rank + 1) * m] if in_place else torch.empty_like(vals(0))
+        torch.cuda._sleep(SLEEP_CYCLES)
+        inp.copy_(vals(rank))  # produced long after the op is called (O1)
+        dist.all_gather_into_tensor(out, inp, async_op=True).wait()
+        got = out * 1  # consumer kernel right after wait (O2)
+        assert torch.equal(got, torch.cat([vals(r) for r in range(world)])), (m, dtype)
+
+    def reduce_scatter(m: int, dtype: torch.dtype, op=dist.ReduceOp.SUM) -> None:
+        def vals(r: int) -> torch.Tensor:
+            return (torch.arange(world * m, device=dev) % 997 + r).to(dtype)
+
+        inp = torch.zeros(world * m, device=dev, dtype=dtype)
+        out = torch.zeros(m, device=dev, dtype=dtype)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        inp.copy_(vals(rank))
+        dist.reduce_scatter_tensor(out, inp, op=op, async_op=True).wait()
+        got = out * 1
+        parts = torch.stack([vals(r)[rank * m:(rank + 1) * m] for r in range(world)])
+        want = parts.max(0).values if op == dist.ReduceOp.MAX else parts.sum(0)
+        assert torch.equal(got, want.to(dtype)), (m, dtype, op)
+
+    shipped = staging.PIPELINE_MIN_BYTES
+    staging.PIPELINE_MIN_BYTES = 1 << 20  # test hook: ranges from 1 MiB
+    all_gather(10_000, torch.float32)  # below the threshold: whole copies
+    reduce_scatter(10_000, torch.float32)
+    assert ranged == []
+    all_gather(1_000_003, torch.float32)
+    all_gather(1_500_001, torch.bfloat16, in_place=True)  # byte ranges that cut elements
+    reduce_scatter(1_000_003, torch.float32)
+    reduce_scatter(700_001, torch.int64, dist.ReduceOp.MAX)
+    assert ranged == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+    reduce_scatter(1_000_003, torch.float16)  # reduced in a float32 copy: copied whole
+    assert len(ranged) == 4
+    staging.PIPELINE_MIN_BYTES = shipped
+    all_gather(8_000_001, torch.float32)  # 96 MB outputs with the shipped threshold
+    reduce_scatter(8_000_001, torch.float32)
+    assert ranged[4:] == ["all_gather", "reduce_scatter"]
+    return True
+
+
+def test_ranged_all_gather_and_reduce_scatter_on_cuda_tensors() -> None:
+    assert all(run_ranks(_ranged_gather_scatter, 3, timeout=240))
+
+
 def _queued(rank: int, world: int) -> bool:
     """DDP's pattern: each bucket's op is issued right after its producer kernels, while the
     ops before it are still queued or running; then ops that read what a pending op writes

@@ -449,7 +449,74 @@ def test_release_copies_back_the_ranges_not_copied_back(monkeypatch) -> None:
     assert torch.equal(t, -torch.arange(777.0))
 
 
-def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatch) -> None:
+def test_a_ranged_output_is_copied_back_range_by_range_in_bytes(monkeypatch) -> None:
+    """A flat all-gather's case: the output is only written, so nothing of it is copied out;
+    the small input is copied out whole; the body copies byte ranges of the output back as
+    they fill (a range may cut an element), release copies back the rest and gates."""
+    _small_ranges(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.005, stream_ordered=True, copies_in_order=True)
+    out, inp = torch.zeros(300, dtype=torch.float64), torch.zeros(100, dtype=torch.float64)
+    _produce(ops, inp, torch.arange(100.0, dtype=torch.float64))
+    h = adapter.prepare([out, inp], [False, True], [True, False])
+    ranges = [(1203, 2400), (0, 5), (5, 1203)]  # bytes of out's flat view
+    assert h.pipeline(lambda: ranges, 0, in_bytes=True)
+
+    def comm() -> list:
+        hosts = h.acquire()
+        assert [d for d, _ in ops.copies] == ["out"]  # the input only, whole
+        assert torch.equal(hosts[1], torch.arange(100.0, dtype=torch.float64))
+        raw = hosts[0].view(-1).view(torch.uint8)
+        want = torch.arange(300.0, dtype=torch.float64).view(torch.uint8)
+        backs = []
+        for i, (a, b) in enumerate(ranges[:2]):
+            raw[a:b] = want[a:b]
+            h.copy_back(i)
+            backs.append([d for d, _ in ops.copies].count("back"))
+        raw[5:1203] = want[5:1203]
+        h.release()  # range 2 was never copied back by the body
+        return backs
+
+    assert on_thread(comm) == [1, 2]
+    assert [d for d, _ in ops.copies].count("back") == 3
+    h.gate()()
+    seen: list[torch.Tensor] = []
+    ops.current.enqueue(lambda: seen.append(out.clone()))
+    ops.current.synchronize()
+    assert torch.equal(seen[0], torch.arange(300.0, dtype=torch.float64))
+
+
+def test_a_ranged_input_is_waited_for_range_by_range(monkeypatch) -> None:
+    """A flat reduce-scatter's case: the large input is only read, range by range, each range
+    waited for before it is read; the output is staged whole and copied back at release."""
+    _small_ranges(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.005)
+    out, inp = torch.zeros(10), torch.zeros(1000)
+    want = torch.arange(1000.0)
+    _produce(ops, inp, want)
+    h = adapter.prepare([out, inp], [False, True], [True, False])
+    ranges = [(900, 1000), (0, 900)]
+    assert h.pipeline(lambda: ranges, 1)
+
+    def comm() -> list:
+        hosts = h.acquire()
+        got = []
+        for i, (a, b) in enumerate(ranges):
+            h.wait_range(i)
+            got.append(hosts[1].view(-1)[a:b].clone())
+        hosts[0].copy_(got[0][:10])
+        h.release()
+        return got
+
+    got = on_thread(comm)
+    assert torch.equal(got[0], want[900:]) and torch.equal(got[1], want[:900])
+    assert [d for d, _ in ops.copies] == ["out", "out", "back"]  # input by range, output whole
+    h.gate()()
+    ops.current.synchronize()
+    assert torch.equal(out, want[900:910])
+    assert torch.equal(inp, want)  # a read-only input is never copied back
+
+
+def test_pipeline_only_for_a_large_tensor_copied_on_the_comm_thread(monkeypatch) -> None:
     _small_ranges(monkeypatch)
     adapter, _ = _adapter()
     big, small = torch.ones(1000), torch.ones(10)
@@ -457,9 +524,15 @@ def test_pipeline_only_for_one_large_tensor_copied_on_the_comm_thread(monkeypatc
         raise AssertionError("ranges built for an op that is not staged by range")
 
     assert not adapter.prepare([small], [True], [True]).pipeline(never)  # below it
-    assert not adapter.prepare([big, big.clone()], [True] * 2, [True] * 2).pipeline(never)
-    assert not adapter.prepare([big], [True], [False]).pipeline(never)
-    assert not adapter.prepare([big], [False], [True]).pipeline(never)
+    assert not adapter.prepare([big, small], [True] * 2, [True] * 2).pipeline(never, 1)
+    assert not adapter.prepare([big], [False], [False]).pipeline(never)  # never copied
+    assert not adapter.prepare([big], [True], [True]).pipeline(lambda: None)  # not cut
+    # the one tensor of an all-reduce, a flat all-gather's output, a reduce-scatter's input
+    assert adapter.prepare([big], [True], [True]).pipeline(lambda: [(0, 1000)])
+    assert adapter.prepare([big, small], [False, True], [True, False]).pipeline(
+        lambda: [(0, 4000)], 0, in_bytes=True)
+    assert adapter.prepare([small, big], [False, True], [True, False]).pipeline(
+        lambda: [(0, 1000)], 1)
     # a one-stream device (MPS staging) copies out on the caller before the marker: no ranges
     adapter, ops = _adapter(copy_out_on_caller=True)
     h = adapter.prepare([big], [True], [True])
@@ -597,19 +670,24 @@ def test_collectives_end_to_end_through_fake_staging(on_caller: bool) -> None:
     assert all(r.startswith("allocs=") for r in res)
 
 
+def _fake_ranged_staging() -> FakeAsyncOps:
+    """In a rank process, test hooks: stage range by range from just above the doubling
+    switch, in chunks and pieces small enough that these segments are cut (else they are
+    copied whole), through the fake device."""
+    from mccl import collectives
+
+    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
+    base.MIN_CHUNK_BYTES = 32 << 10
+    ring.PIECE_MIN_BYTES = 16 << 10
+    return install_fake_staging(False).ops  # type: ignore[return-value]
+
+
 def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
     import torch.distributed as dist
 
     from mccl import collectives
 
-    # test hooks in the rank process: stage range by range from just above the doubling
-    # switch, in chunks and pieces small enough that these segments are cut (else they are
-    # copied whole)
-    staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
-    base.MIN_CHUNK_BYTES = 32 << 10
-    ring.PIECE_MIN_BYTES = 16 << 10
-    adapter = install_fake_staging(False)
-    ops: FakeAsyncOps = adapter.ops  # type: ignore[assignment]
+    ops = _fake_ranged_staging()
 
     def check(n: int, dtype: torch.dtype, op, vals) -> bool:
         """One staged all-reduce, checked; True if it was copied range by range."""
@@ -657,6 +735,80 @@ def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranged_all_reduce_end_to_end_through_fake_staging(world: int) -> None:
     assert run_ranks(_ranged_all_reduce_through_fake_staging, world) == ["ok"] * world
+
+
+def _ranged_gather_scatter_through_fake_staging(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    from mccl import collectives
+
+    ops = _fake_ranged_staging()
+    cap = dist.distributed_c10d._get_default_group()._engine.chunk_cap
+
+    def staged(op: str, copies: list[str], big: torch.Tensor) -> bool:
+        """Whether the op copied its large tensor range by range: one copy per range in the
+        large tensor's direction, against one whole copy."""
+        nbytes = big.numel() * big.element_size()
+        if op == "all_gather":
+            ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap)
+            n = copies.count("back")
+        else:
+            ranges = (None if big.dtype in collectives.UPCAST else
+                      collectives._flat_ranges(big.numel(), big.element_size(), world, rank,
+                                               cap))
+            n = copies.count("out")
+        ranged = nbytes >= staging.PIPELINE_MIN_BYTES and ranges is not None
+        assert n == (len(ranges) if ranged else 1), (op, big.dtype, big.numel(), n)
+        return ranged
+
+    def all_gather(m: int, dtype: torch.dtype, in_place: bool = False) -> bool:
+        vals = lambda r: (torch.arange(m) * 3 + r * 1000 + 1).to(dtype)  # noqa: E731
+        out = torch.zeros(world * m, dtype=dtype)
+        inp = out[rank * m:(rank + 1) * m] if in_place else torch.zeros(m, dtype=dtype)
+        _produce(ops, inp, vals(rank), delay=0.02)
+        before = len(ops.copies)
+        dist.all_gather_into_tensor(out, inp, async_op=True).wait()
+        seen: list[torch.Tensor] = []
+        ops.current.enqueue(lambda: seen.append(out.clone()))  # consumer right after wait
+        ops.current.synchronize()
+        assert torch.equal(seen[0], torch.cat([vals(r) for r in range(world)])), (m, dtype)
+        return staged("all_gather", [d for d, _ in ops.copies[before:]], out)
+
+    def reduce_scatter(m: int, dtype: torch.dtype, op=dist.ReduceOp.SUM) -> bool:
+        vals = lambda r: (torch.arange(world * m) % 97 + r).to(dtype)  # noqa: E731
+        inp, out = torch.zeros(world * m, dtype=dtype), torch.zeros(m, dtype=dtype)
+        _produce(ops, inp, vals(rank), delay=0.02)
+        before = len(ops.copies)
+        dist.reduce_scatter_tensor(out, inp, op=op, async_op=True).wait()
+        seen: list[torch.Tensor] = []
+        ops.current.enqueue(lambda: seen.append(out.clone()))
+        ops.current.synchronize()
+        parts = [vals(r)[rank * m:(rank + 1) * m] for r in range(world)]
+        want = (torch.stack([p.float() for p in parts]).sum(0) if dtype.is_floating_point
+                else sum(parts))
+        if op == dist.ReduceOp.MAX:
+            want = torch.stack(parts).max(0).values
+        assert torch.equal(seen[0], want.to(dtype)), (m, dtype, op)
+        return staged("reduce_scatter", [d for d, _ in ops.copies[before:]], inp)
+
+    assert not all_gather(500, torch.float32)  # small: copied whole
+    assert all_gather(50_001, torch.float32)  # 200 KB per rank: ranges
+    assert all_gather(100_003, torch.int16, in_place=True)
+    assert all_gather(45_001, torch.bfloat16)  # byte ranges that cut elements
+    assert all_gather(25_001, torch.float64)
+    assert reduce_scatter(50_001, torch.float32)
+    assert reduce_scatter(30_007, torch.int64, dist.ReduceOp.MAX)
+    assert not reduce_scatter(60_001, torch.float16)  # reduced in a float32 copy: whole
+    ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: copied whole
+    assert not all_gather(50_001, torch.float32)
+    assert not reduce_scatter(50_001, torch.float32)
+    dist.barrier()
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ranged_all_gather_and_reduce_scatter_through_fake_staging(world: int) -> None:
+    assert run_ranks(_ranged_gather_scatter_through_fake_staging, world) == ["ok"] * world
 
 
 def _staged_peer_killed(rank: int, world: int) -> dict:

@@ -15,7 +15,7 @@
 #   doctor    python -m mccl doctor (capabilities + 2-process self-test on cuda tensors)
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
-#             1M..256M, mccl vs gloo, CPU tensors; then CUDA tensors (4 and 8 hosts, all_reduce)
+#             1M..256M, mccl vs gloo, CPU tensors; then the same on CUDA tensors
 #   clustermps  the cluster stage's CUDA all-reduces with the ranks' GPU work through an MPS
 #             daemon (benchmarks/h200/mps.sh) instead of time-sliced contexts
 #   cluster1g the cluster stage's CPU ops at 1 Gbit (issue #4's targets), 4 and 8 hosts, and
@@ -187,7 +187,8 @@ stage_cluster() {
         cluster_bench "cluster10g_cpu_n$n" "$n" 200 --ops all_reduce,all_gather,reduce_scatter
     done
     for n in 4 8; do
-        cluster_bench "cluster10g_cuda_n$n" "$n" 150 --device cuda --ops all_reduce
+        cluster_bench "cluster10g_cuda_n$n" "$n" 200 --device cuda \
+            --ops all_reduce,all_gather,reduce_scatter
     done
 }
 

@@ -223,22 +223,27 @@ def all_reduce(ch: Channel, buf: np.ndarray, reduce: Reducer, finish: Finisher,
 
 
 def reduce_scatter_start(ch: Channel, src: list[np.ndarray],
-                         chunk_bytes: int | None = None) -> None:
+                         chunk_bytes: int | None = None, ready: ChunkHook = None) -> None:
     """The first sends of ``reduce_scatter``: input segment r - 1, read as it is (see
     ``all_reduce_start``)."""
     w, r = ch.size, ch.rank
     if w == 1:
         return
     k = chunk_count(max(s.nbytes for s in src), chunk_bytes, ch.chunk_cap)
-    for c in chunks(src[(r - 1) % w], k):
+    prv = (r - 1) % w
+    for j, c in enumerate(chunks(src[prv], k)):
+        if ready is not None:
+            ready(prv, j)
         if c.size:
             ch.send((r + 1) % w, c)
 
 
 def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: Reducer,
                    finish: Finisher, scratch: Scratch, chunk_bytes: int | None = None,
-                   started: bool = False, ends_op: bool = True) -> None:
+                   started: bool = False, ends_op: bool = True, ready: ChunkHook = None) -> None:
     """Out of place: ``out`` = reduction over ranks of their ``src[rank]``; ``src`` unchanged.
+    ``ready(s, j)`` is called before chunk j of ``src[s]`` is read (every chunk, empty ones
+    included; a staged hand-off copies the input in there, see ``all_reduce``).
 
     A partial sum goes into a pool slot (``REDUCE_SCATTER_POOL_BYTES``) whose last send was
     written, else into one of ``REDUCE_SCATTER_SPARES`` segment-sized buffers, used in turn:
@@ -267,7 +272,7 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
     tickets = [0] * n_pool  # the send that last read each slot (0: none yet)
     turn = 0
     if not started:
-        reduce_scatter_start(ch, src, chunk_bytes)
+        reduce_scatter_start(ch, src, chunk_bytes, ready)
     marks: list[object] = []
     for s in range(w - 1):
         x = (r - s - 2) % w
@@ -277,7 +282,9 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
         if not last and s >= n_spare:
             ch.wait(marks[s - n_spare])
         dest = out if last else spare[s % n_spare][:src[x].shape[0]]
-        for c_in, c_out in zip(chunks(src[x], k), chunks(dest, k), strict=True):
+        for j, (c_in, c_out) in enumerate(zip(chunks(src[x], k), chunks(dest, k), strict=True)):
+            if ready is not None:
+                ready(x, j)
             if not c_in.size:
                 continue
             if not last and n_pool and ch.passed(nxt, tickets[turn]):
@@ -312,35 +319,50 @@ def all_gather_start(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | Non
 
 
 def all_gather(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
-               chunk_bytes: int | None = None, started: bool = False) -> None:
+               chunk_bytes: int | None = None, started: bool = False,
+               final: ChunkHook = None) -> None:
     """Afterwards every segs[i] holds rank i's segment. The own segment is sent straight from
     ``mine`` (if given); its local copy into segs[rank] is done a chunk at a time between
     receives, so it never holds up the upstream rank. ``started``: ``all_gather_start``
     already sent it. Before the last step, which only receives, it tells the channel that
-    its sends are done."""
+    its sends are done. ``final(s, j)`` is called once chunk j of segs[s] holds its data
+    (every chunk, empty ones included, each segment's in order; a staged hand-off copies it
+    back there, see ``all_reduce``)."""
     w, r = ch.size, ch.rank
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes, ch.chunk_cap)
     prv = (r - 1) % w
     if not started:
         all_gather_start(ch, segs, mine, chunk_bytes)
     # after the first sends (off their path): is the local copy needed at all?
-    copies: list[tuple[np.ndarray, np.ndarray]] = []
+    copies: list[tuple[int, tuple[np.ndarray, np.ndarray]]] = []
     if mine is not None and segs[r].ctypes.data != mine.ctypes.data:
-        copies = list(zip(chunks(segs[r], k), chunks(mine, k), strict=True))
+        copies = list(enumerate(zip(chunks(segs[r], k), chunks(mine, k), strict=True)))[::-1]
+    elif final is not None:
+        for j in range(k):
+            final(r, j)
+
+    def copy_own() -> None:
+        j, (dst, part) = copies.pop()
+        dst[...] = part
+        if final is not None:
+            final(r, j)
+
     for s in range(w - 1):
         forward = s < w - 2
         if not forward:
             ch.sends_done()
-        for c in chunks(segs[(r - s - 1) % w], k):
+        seg = (r - s - 1) % w
+        for j, c in enumerate(chunks(segs[seg], k)):
             if c.size:
                 ch.recv(prv, c)
                 if forward:
                     ch.send((r + 1) % w, c)
+            if final is not None:
+                final(seg, j)
             if copies:
-                dst, part = copies.pop()
-                dst[...] = part
-    for dst, part in copies:
-        dst[...] = part
+                copy_own()
+    while copies:
+        copy_own()
     ch.flush()
 
 

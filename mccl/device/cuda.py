@@ -13,11 +13,11 @@ hand-off on (an H200 here), and the same staging logic serves MPS without the sh
   copies, host -> device copies on the side stream, completion event; it never enqueues on
   the caller's stream (O3). A
   blocking op (``async_op=False``) runs these steps on the caller's thread instead when the
-  group is idle, as on CPU (same side stream). A large all-reduce
-  copies piece by piece (``StagingHandoff.pipeline``, ``ring.copy_plan``): copies out
-  enqueued in the order the ring needs them, a bounded distance ahead, with an event each;
-  the ring waits on a piece's event just before it first reads it and enqueues its copy back
-  once it is final.
+  group is idle, as on CPU (same side stream). A large all-reduce, flat all-gather or flat
+  reduce-scatter copies its large tensor piece by piece (``StagingHandoff.pipeline``,
+  ``ring.copy_plan``): copies out enqueued in the order the ring needs them, a bounded
+  distance ahead, with an event each; the ring waits on a piece's event just before it first
+  reads it and enqueues its copy back once it is final.
 * ``Work.wait()`` makes the waiter's current stream wait on the completion event, and the
   Future is completed inside the side stream's context so ``Future(devices=[dev])`` records
   its own event there: ``fut.wait()``/``then`` (DDP's reducer) sync the same way. Neither
@@ -62,7 +62,7 @@ class CudaOps:
         self.side.wait_event(marker)  # type: ignore[arg-type]
 
     def _on_side(self) -> AbstractContextManager:
-        """The side stream made current: a ranged all-reduce enters this a few times per
+        """The side stream made current: a ranged op enters this a few times per
         piece on the comm thread, and every op that completes a Future once. torch's two
         context managers cost ~20 us a time on an H200, a plain switch of the stream ~5 us,
         where the thread is already on the adapter's device (the usual case)."""

@@ -24,21 +24,24 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
   ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
 
-Ranges (all-reduce of one large tensor, where the comm thread does the copies): ``pipeline``
-on the caller's thread takes a function giving the element ranges of the tensor in the order
-the collective first needs them (the ring's pieces, ``collectives.staging_plan``), called only
-if the op is staged by range. ``acquire`` enqueues the first ranges' device -> host copies,
-each followed by its own fence, and waits for none of them; the body calls ``wait_range(i)``
-before it first touches range i (that range's fence only), which also enqueues a few more
-copies out, up to ``COPY_AHEAD_BYTES`` beyond range i, and ``copy_back(i)`` once range i
-holds its result, which enqueues its host -> device copy at once, so it overlaps the rest of
-the exchange.
+Ranges (one large tensor of an all-reduce, a flat all-gather's output or a flat
+reduce-scatter's input, where the comm thread does the copies): ``pipeline`` on the caller's
+thread names that tensor and takes a function giving ranges of its flat view (elements, or
+bytes) in the order the collective first needs them (the ring's pieces,
+``collectives.staging_plan``), called only if the op is staged by range. The op's other
+tensors are staged whole. If the ranged tensor is read, ``acquire`` enqueues the first ranges'
+device -> host copies, each followed by its own fence, and waits for none of them; the body
+calls ``wait_range(i)`` before it first touches range i (that range's fence only), which also
+enqueues a few more copies out, up to ``COPY_AHEAD_BYTES`` beyond range i. If it is written,
+the body calls ``copy_back(i)`` once range i holds its result, which enqueues its host ->
+device copy at once, so it overlaps the rest of the exchange.
 Copies out are not all enqueued up front: ranks sharing a device then each flood it with a
 whole tensor's copies, and a rank's first range waited behind the others' (7 ms for 64 MB at
 8 ranks on one H200, against under 1 ms for one segment each). With the ring's small first
 and last pieces, only a small piece's copy out and copy back are not hidden.
-``release`` copies back any range copied out and not copied back yet and records ``done``
-after the last, exactly as without ranges (gate, Future and pool fencing unchanged).
+``release`` copies back any range of a written tensor not copied back yet (of a tensor also
+read, only those copied out: the others hold none of its data) and records ``done`` after the
+last, exactly as without ranges (gate, Future and pool fencing unchanged).
 """
 
 from __future__ import annotations
@@ -57,11 +60,11 @@ log = logging.getLogger("mccl.device")
 POOL_MAX_BYTES = 2 << 30
 #: Buffers of one size a pool keeps (an op holds its buffers only while it runs).
 POOL_PER_SIZE = 4
-#: Staged all-reduces of at least this many bytes copy range by range (see the module
+#: A staged op copies its ranged tensor range by range from this many bytes (see the module
 #: docstring; and only where the ring's plan cuts a segment into more than one piece,
 #: ``collectives.staging_ranges``): each range costs a fence and its waits (tens of
-#: microseconds of Python), while
-#: the whole copies it hides take ~0.2 ms per 4 MB each way on an H200 (not tuned further).
+#: microseconds of Python), while the whole copies it hides take ~0.2 ms per 4 MB each way
+#: on an H200 (not tuned further).
 PIPELINE_MIN_BYTES = 4 << 20
 #: Copies out a ranged hand-off keeps enqueued beyond the range the body waits for: enough
 #: to stay ahead of a 10 Gbit ring (a few ms), small against a whole tensor.
@@ -237,7 +240,9 @@ class StagingHandoff:
         self._bufs: list[torch.Tensor | None] = []
         self._done: Fence | None = None
         self._out_fence: Fence | None = None
-        self._ranges: list[tuple[int, int]] | None = None  # element ranges (pipeline())
+        self._ranges: list[tuple[int, int]] | None = None  # ranges of a flat view (pipeline())
+        self._ranged = -1  # the tensor staged by range (pipeline()), if any
+        self._in_bytes = False  # its ranges count bytes, not elements
         self._range_fences: list[Fence | None] = []  # of the ranges whose copy out is enqueued
         self._offsets: list[int] = []  # bytes before each range, in the ranges' order
         self._backed: list[bool] = []  # ranges whose copy back is enqueued
@@ -247,62 +252,74 @@ class StagingHandoff:
         self._ready = ops.ready()
         self._ready_slept = False  # _await has waited for the producer's marker
 
-    def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]] | None]) -> bool:
-        """Caller's thread, before submission: stage the one read-and-written tensor range by
-        range if it is large enough and the comm thread does the copies. ``ranges()`` gives
-        element ranges of its flat view that tile it, in the order the body first needs them,
-        or None where the collective gains nothing from ranges; it is called only then (most
-        ops are not staged by range, and building the ranges is O(ranks) on the caller's
-        thread). True:
-        the body must call :meth:`wait_range` before it touches a range (``acquire`` no longer
-        waits for the data) and may call :meth:`copy_back` once a range is final."""
-        if (self.ops.copy_out_on_caller or self.hosts is not None or len(self.tensors) != 1
-                or not (self.reads[0] and self.writes[0])):
+    def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]] | None],
+                 index: int = 0, in_bytes: bool = False) -> bool:
+        """Caller's thread, before submission: stage tensor ``index`` range by range if it is
+        large enough and the comm thread does the copies (the op's other tensors are staged
+        whole). ``ranges()`` gives ranges of its flat view (elements, or bytes if
+        ``in_bytes``) that tile it, in the order the body first needs them, or None where the
+        collective gains nothing from ranges; it is called only then (most ops are not staged
+        by range, and building the ranges is O(ranks) on the caller's thread). True: if the
+        tensor is read, the body must call :meth:`wait_range` before it touches a range
+        (``acquire`` no longer waits for its data); if written, it may call
+        :meth:`copy_back` once a range is final."""
+        if self.ops.copy_out_on_caller or self.hosts is not None:
             return False
-        t = self.tensors[0]
-        if t.numel() * t.element_size() < PIPELINE_MIN_BYTES or not t.is_contiguous():
+        t = self.tensors[index]
+        nbytes = t.numel() * t.element_size()
+        if nbytes < PIPELINE_MIN_BYTES or not t.is_contiguous():
+            return False
+        if not (self.reads[index] or self.writes[index]):
             return False
         got = ranges()
         if got is None:
             return False
+        self._ranged, self._in_bytes = index, in_bytes
         self._ranges = list(got)
         self._backed = [False] * len(self._ranges)
+        unit = 1 if in_bytes else t.element_size()
         offsets = [0]
         for a, b in self._ranges:
-            offsets.append(offsets[-1] + (b - a) * t.element_size())
+            offsets.append(offsets[-1] + (b - a) * unit)
         self._offsets = offsets
         return True
 
     def _stage_out(self) -> None:
-        """Take host buffers and enqueue the device -> host copies of the inputs."""
-        if self._ranges is not None:
-            self._stage_out_ranges()
-            return
+        """Take host buffers and enqueue the device -> host copies of the inputs (of a ranged
+        tensor, only its first ranges': ``_copy_out``)."""
         hosts, bufs = [], []
+        # A buffer the CPU touches before a copy out of its own has landed in it must wait
+        # for this fence: with copies in order, a pooled buffer is given back before the
+        # copy back that reads it has run. Only a ranged tensor that is read has fences of
+        # its own (one per range).
+        fenced = self._ranges is None
         with self.ops.copy_context():
-            for t, r in zip(self.tensors, self.reads, strict=True):
+            for i, (t, r) in enumerate(zip(self.tensors, self.reads, strict=True)):
                 if t.numel() == 0:
                     hosts.append(torch.empty(t.shape, dtype=t.dtype))
                     bufs.append(None)
                     continue
                 buf = self.pool.take(t.numel() * t.element_size())
                 h = _host_like(buf, t)
-                if r:
-                    self.ops.copy(h, t)
+                if i != self._ranged:
+                    if r:
+                        self.ops.copy(h, t)
+                    fenced = True
+                elif not r:
+                    fenced = True
                 hosts.append(h)
                 bufs.append(buf)
-            out_fence = self.ops.fence()
+            out_fence = self.ops.fence() if fenced else None
         self.hosts, self._bufs = hosts, bufs
         self._out_fence = out_fence
-
-    def _stage_out_ranges(self) -> None:
-        """One host buffer; the first ranges' copies enqueued (``_copy_out``)."""
-        assert self._ranges is not None
-        t = self.tensors[0]
-        buf = self.pool.take(t.numel() * t.element_size())
-        self.hosts, self._bufs = [_host_like(buf, t)], [buf]
-        self._flat = (t.view(-1), self.hosts[0].view(-1))  # sliced per range, made once
-        self._copy_out(min(COPY_FIRST_RANGES, len(self._ranges)))
+        if self._ranges is not None:
+            t, buf = self.tensors[self._ranged], bufs[self._ranged]
+            assert buf is not None
+            # sliced per range, made once
+            self._flat = ((t.view(-1).view(torch.uint8), buf[:t.numel() * t.element_size()])
+                          if self._in_bytes else (t.view(-1), hosts[self._ranged].view(-1)))
+            if self.reads[self._ranged]:
+                self._copy_out(min(COPY_FIRST_RANGES, len(self._ranges)))
 
     def _copy_out(self, upto: int) -> None:
         """Enqueue the copies out of the ranges before ``upto`` not enqueued yet, in order,
@@ -379,17 +396,19 @@ class StagingHandoff:
         assert self.hosts is not None
         copied = False
         with self.ops.copy_context():
-            if self._ranges is not None:
-                # ranges not copied back yet; one never copied out holds no data of the tensor
-                for i in range(len(self._range_fences)):
+            if self._ranges is not None and self.writes[self._ranged]:
+                # ranges not copied back yet; of a tensor also read, one never copied out
+                # holds no data of it
+                read = self.reads[self._ranged]
+                for i in range(len(self._range_fences) if read else len(self._ranges)):
                     if not self._backed[i]:
                         self._copy_range_back(i)
                 copied = True
-            else:
-                for t, h, w in zip(self.tensors, self.hosts, self.writes, strict=True):
-                    if w and t.numel():
-                        self.ops.copy(t, h)
-                        copied = True
+            for i, (t, h, w) in enumerate(zip(self.tensors, self.hosts, self.writes,
+                                              strict=True)):
+                if w and t.numel() and i != self._ranged:
+                    self.ops.copy(t, h)
+                    copied = True
             self._done = self.ops.fence() if copied else None
         self._unpend()
         bufs, self._bufs = self._bufs, []

@@ -53,7 +53,9 @@ session); ``sockbuf=N``: the SO_SNDBUF/SO_RCVBUF every data socket asks for
 (``tcp.SOCKET_BUFFER_BYTES``; above the kernel's rmem_max/wmem_max, e.g. 1099511627776, none
 is asked for and the kernel's autotuning sizes them); ``grid_min=N``: all-reduces and flat
 all-gathers and reduce-scatters use grids only in groups of at least N ranks
-(``grid.MIN_RANKS``; a huge N: the ring only, as before the thirtieth session).
+(``grid.MIN_RANKS``; a huge N: the ring only, as before the thirtieth session);
+``flat_ranges=0``: staged flat all-gathers and reduce-scatters copy their large tensor
+whole, as before the fifty-fifth session (all-reduces still copy piece by piece).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -244,10 +246,14 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
         ring = importlib.import_module("mccl.algorithms.ring")
         gather = ring.all_gather
 
-        def no_local_copy(ch, segs, mine=None, chunk_bytes=None, started=False):
-            return gather(ch, segs, segs[ch.rank], chunk_bytes, started)
+        def no_local_copy(ch, segs, mine=None, chunk_bytes=None, started=False, final=None):
+            return gather(ch, segs, segs[ch.rank], chunk_bytes, started, final)
 
         return ring, "all_gather", gather if value else no_local_copy
+    if key == "flat_ranges":
+        coll = importlib.import_module("mccl.collectives")
+        ranges = coll._flat_ranges
+        return coll, "_flat_ranges", ranges if value else (lambda *args: None)
     raise KeyError(f"unknown A/B key {key!r}")
 
 
