@@ -161,16 +161,21 @@ class FakeAsyncOps(HostOps):
         return buf
 
 
-def fake_staging_adapter(copy_out_on_caller: bool = False) -> StagingAdapter:
-    ops = FakeAsyncOps(copy_out_on_caller=copy_out_on_caller, copy_delay=0.002)
+def fake_staging_adapter(copy_out_on_caller: bool = False, cuda_like: bool = False,
+                         ) -> StagingAdapter:
+    """``cuda_like``: the side stream waits for the producer's marker and every copy runs in
+    order on it, so pooled buffers are reused without a fence (``CudaOps``)."""
+    ops = FakeAsyncOps(copy_out_on_caller=copy_out_on_caller, copy_delay=0.002,
+                       stream_ordered=cuda_like, copies_in_order=cuda_like)
     return StagingAdapter("cpu", ops, HostPool(ops.alloc_host))
 
 
-def install_fake_staging(copy_out_on_caller: bool = False) -> StagingAdapter:
+def install_fake_staging(copy_out_on_caller: bool = False,
+                         cuda_like: bool = False) -> StagingAdapter:
     """In a rank process: route every op of new adapters through one fake staging adapter."""
     import mccl.process_group as pg
 
-    adapter = fake_staging_adapter(copy_out_on_caller)
+    adapter = fake_staging_adapter(copy_out_on_caller, cuda_like)
     pg.adapter_for = lambda device, unified=True: adapter
     return adapter
 

@@ -485,6 +485,33 @@ def test_a_ranged_output_is_copied_back_range_by_range_in_bytes(monkeypatch) -> 
     assert torch.equal(seen[0], torch.arange(300.0, dtype=torch.float64))
 
 
+def test_a_ranged_output_reuses_a_pooled_buffer_only_after_its_last_copy_back(
+        monkeypatch) -> None:
+    """CUDA's case again (copies in order, pooled buffers given back unfenced), with the
+    buffer taken by an op whose output is copied back by range: nothing of it is copied out,
+    so its acquire must still wait for the copies enqueued before (the earlier op's copy
+    back), or the CPU overwrites the buffer that copy back is still reading."""
+    _small_ranges(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.02, stream_ordered=True, copies_in_order=True)
+    a = torch.full((256,), 1.0)
+    ha = adapter.prepare([a], [True], [True])
+    on_thread(lambda: (ha.acquire()[0].add_(1), ha.release()))
+    out = torch.zeros(256)
+    hb = adapter.prepare([out], [False], [True])  # (no other tensor copied out either)
+    assert hb.pipeline(lambda: [(0, 512), (512, 1024)], 0, in_bytes=True)
+
+    def comm_b() -> None:
+        hb.acquire()[0].fill_(7.0)
+        hb.copy_back(0)
+        hb.release()
+
+    on_thread(comm_b)
+    ops.side.synchronize()
+    assert ops.host_allocs == 1  # b's output took a's buffer
+    assert torch.equal(a, torch.full((256,), 2.0))  # a's result, not b's bytes
+    assert torch.equal(out, torch.full((256,), 7.0))
+
+
 def test_a_ranged_input_is_waited_for_range_by_range(monkeypatch) -> None:
     """A flat reduce-scatter's case: the large input is only read, range by range, each range
     waited for before it is read; the output is staged whole and copied back at release."""
@@ -670,7 +697,7 @@ def test_collectives_end_to_end_through_fake_staging(on_caller: bool) -> None:
     assert all(r.startswith("allocs=") for r in res)
 
 
-def _fake_ranged_staging() -> FakeAsyncOps:
+def _fake_ranged_staging(cuda_like: bool = False) -> FakeAsyncOps:
     """In a rank process, test hooks: stage range by range from just above the doubling
     switch, in chunks and pieces small enough that these segments are cut (else they are
     copied whole), through the fake device."""
@@ -679,7 +706,7 @@ def _fake_ranged_staging() -> FakeAsyncOps:
     staging.PIPELINE_MIN_BYTES = collectives.SMALL_BYTES + (16 << 10)
     base.MIN_CHUNK_BYTES = 32 << 10
     ring.PIECE_MIN_BYTES = 16 << 10
-    return install_fake_staging(False).ops  # type: ignore[return-value]
+    return install_fake_staging(False, cuda_like).ops  # type: ignore[return-value]
 
 
 def _ranged_all_reduce_through_fake_staging(rank: int, world: int) -> str:
@@ -737,12 +764,12 @@ def test_ranged_all_reduce_end_to_end_through_fake_staging(world: int) -> None:
     assert run_ranks(_ranged_all_reduce_through_fake_staging, world) == ["ok"] * world
 
 
-def _ranged_gather_scatter_through_fake_staging(rank: int, world: int) -> str:
+def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like: bool) -> str:
     import torch.distributed as dist
 
     from mccl import collectives
 
-    ops = _fake_ranged_staging()
+    ops = _fake_ranged_staging(cuda_like)
     cap = dist.distributed_c10d._get_default_group()._engine.chunk_cap
 
     def staged(op: str, copies: list[str], big: torch.Tensor) -> bool:
@@ -806,9 +833,13 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int) -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_ranged_all_gather_and_reduce_scatter_through_fake_staging(world: int) -> None:
-    assert run_ranks(_ranged_gather_scatter_through_fake_staging, world) == ["ok"] * world
+@pytest.mark.parametrize("world,cuda_like", [(2, False), (3, True), (4, True)])
+def test_ranged_all_gather_and_reduce_scatter_through_fake_staging(world: int,
+                                                                   cuda_like: bool) -> None:
+    """Also as CUDA orders copies (one stream, pooled buffers reused unfenced): an op's host
+    output must not be written before the copy back of the op that used its buffer before."""
+    assert run_ranks(_ranged_gather_scatter_through_fake_staging, world,
+                     cuda_like) == ["ok"] * world
 
 
 def _staged_peer_killed(rank: int, world: int) -> dict:
