@@ -825,6 +825,8 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
     assert all_gather(25_001, torch.float64)
     assert reduce_scatter(50_001, torch.float32)
     assert reduce_scatter(30_007, torch.int64, dist.ReduceOp.MAX)
+    assert reduce_scatter(25_001, torch.complex64)  # reduced as (real, imaginary) pairs
+    assert all_gather(12_501, torch.complex128)
     assert not reduce_scatter(60_001, torch.float16)  # reduced in a float32 copy: whole
     ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: copied whole
     assert not all_gather(50_001, torch.float32)
