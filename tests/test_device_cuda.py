@@ -259,7 +259,7 @@ def _ranged_gather_scatter(rank: int, world: int) -> bool:
 
     def reduce_scatter(m: int, dtype: torch.dtype, op=dist.ReduceOp.SUM) -> None:
         def vals(r: int) -> torch.Tensor:
-            return (torch.arange(world * m, device=dev) % 997 + r).to(dtype)
+            return (torch.arange(world * m, device=dev) % 251 + r).to(dtype)  # exact sums
 
         inp = torch.zeros(world * m, device=dev, dtype=dtype)
         out = torch.zeros(m, device=dev, dtype=dtype)
