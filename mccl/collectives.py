@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -248,11 +249,21 @@ def _cut_ranges(plan: ring.CopyPlan, w: int) -> tuple[tuple[int, int], ...] | No
     return plan.ranges if len(plan.ranges) > w else None
 
 
-def _ring_plan(ch: Channel, n: int, itemsize: int, io: SegmentIO | None) -> ring.CopyPlan | None:
-    """The plan a staged flat all-gather or reduce-scatter copies by (``ring.copy_plan``: the
-    ring's segments and chunks are the all-reduce's for the same ``n`` items), if staged."""
-    return None if io is None else ring.copy_plan(n, ch.size, ch.rank, itemsize,
-                                                  cap=ch.chunk_cap)
+def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool,
+                act: Callable[[int], None]) -> ring.ChunkHook:
+    """The chunk hook of a staged flat all-gather (``ends``: ``act(p)`` once the chunk that
+    ends piece p is final) or reduce-scatter (``act(p)`` before the chunk that begins piece p
+    is read), on ``ring.copy_plan``: the ring's segments and chunks are the all-reduce's for
+    the same ``n`` items."""
+    plan = ring.copy_plan(n, ch.size, ch.rank, itemsize, cap=ch.chunk_cap)
+    marks = plan.ends if ends else plan.starts
+
+    def hook(s: int, j: int) -> None:
+        p = marks[s][j]
+        if p >= 0:
+            act(p)
+
+    return hook
 
 
 def _flat_ranges(n: int, itemsize: int, w: int, r: int,
@@ -433,16 +444,10 @@ class ReduceScatter:
         if self.flat:
             arr = _readable(hosts[1], up)
             cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
-            plan, io = _ring_plan(ch, arr.shape[0], arr.itemsize, self.io), self.io
-            if plan is not None and io is not None:
+            if self.io is not None:
                 assert not cols and up is None, "a staged reduce-scatter runs the plain ring"
-
-                def ready(s: int, j: int) -> None:
-                    p = plan.starts[s][j]
-                    if p >= 0:
-                        io.wait_range(p)
-
-                self._ready = ready
+                self._ready = _piece_hook(ch, arr.shape[0], arr.itemsize, False,
+                                          self.io.wait_range)
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
             cols = _list_grid_columns(ch, src)
@@ -505,16 +510,9 @@ class AllGather:
             out = as_bytes(hosts[0])
             segs = _segments(out, ch.size)
             cols = _grid_columns(ch, out.shape[0], 1)
-            plan, io = _ring_plan(ch, out.shape[0], 1, self.io), self.io
-            if plan is not None and io is not None:
+            if self.io is not None:
                 assert not cols, "a staged all-gather runs the plain ring"
-
-                def final(s: int, j: int) -> None:
-                    p = plan.ends[s][j]
-                    if p >= 0:
-                        io.copy_back(p)
-
-                self._final = final
+                self._final = _piece_hook(ch, out.shape[0], 1, True, self.io.copy_back)
         else:
             segs = [as_bytes(o) for o in hosts[:-1]]
             cols = _list_grid_columns(ch, segs)

@@ -301,11 +301,9 @@ class StagingHandoff:
                     continue
                 buf = self.pool.take(t.numel() * t.element_size())
                 h = _host_like(buf, t)
-                if i != self._ranged:
+                if not (r and i == self._ranged):  # (that one: copied by range, fenced each)
                     if r:
                         self.ops.copy(h, t)
-                    fenced = True
-                elif not r:
                     fenced = True
                 hosts.append(h)
                 bufs.append(buf)
@@ -313,11 +311,10 @@ class StagingHandoff:
         self.hosts, self._bufs = hosts, bufs
         self._out_fence = out_fence
         if self._ranges is not None:
-            t, buf = self.tensors[self._ranged], bufs[self._ranged]
-            assert buf is not None
             # sliced per range, made once
-            self._flat = ((t.view(-1).view(torch.uint8), buf[:t.numel() * t.element_size()])
-                          if self._in_bytes else (t.view(-1), hosts[self._ranged].view(-1)))
+            dev, host = self.tensors[self._ranged].view(-1), hosts[self._ranged].view(-1)
+            self._flat = ((dev.view(torch.uint8), host.view(torch.uint8)) if self._in_bytes
+                          else (dev, host))
             if self.reads[self._ranged]:
                 self._copy_out(min(COPY_FIRST_RANGES, len(self._ranges)))
 
