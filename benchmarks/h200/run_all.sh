@@ -16,6 +16,7 @@
 #   overlapcpu  the same overlap measurement on CPU tensors (2 ranks, 454 MB, 16 cores)
 #   cluster   10 Gbit emulated cluster, 4 and 8 hosts: all_reduce/all_gather/reduce_scatter
 #             1M..256M, mccl vs gloo, CPU tensors; then the same on CUDA tensors
+#             (CLUSTER_DEVICES="cuda" runs only the CUDA rows)
 #   clustermps  the cluster stage's CUDA all-reduces with the ranks' GPU work through an MPS
 #             daemon (benchmarks/h200/mps.sh) instead of time-sliced contexts
 #   cluster1g the cluster stage's CPU ops at 1 Gbit (issue #4's targets), 4 and 8 hosts, and
@@ -181,14 +182,14 @@ cluster_bench() {
 }
 
 stage_cluster() {
+    # CLUSTER_DEVICES (default "cpu cuda") picks the tensors' devices.
     need_ip
-    local n
-    for n in 4 8; do
-        cluster_bench "cluster10g_cpu_n$n" "$n" 200 --ops all_reduce,all_gather,reduce_scatter
-    done
-    for n in 4 8; do
-        cluster_bench "cluster10g_cuda_n$n" "$n" 200 --device cuda \
-            --ops all_reduce,all_gather,reduce_scatter
+    local n d
+    for d in ${CLUSTER_DEVICES:-cpu cuda}; do
+        for n in 4 8; do
+            cluster_bench "cluster10g_${d}_n$n" "$n" 200 --device "$d" \
+                --ops all_reduce,all_gather,reduce_scatter
+        done
     done
 }
 
