@@ -37,17 +37,21 @@ class SegmentIO(Protocol):
 
 
 class StagedByRange(Protocol):
-    """An op's run whose large tensor a staged hand-off may copy range by range."""
+    """An op's run whose large tensors a staged hand-off may copy range by range (at most one
+    it reads and one it writes: ``wait_range`` and ``copy_back`` name a range of those)."""
 
-    ranged: int  # that tensor's index among the op's tensors
-    in_bytes: bool  # its ranges count bytes, not elements
+    ranged: tuple[int, ...]  # those tensors' indices among the op's tensors
+    in_bytes: bool  # their ranges count bytes, not elements
 
-    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+    def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
-        """Its ranges in the order the body first needs them, or None: copied whole."""
+        """Tensor ``index``'s ranges in the order the body first needs them, or None: copied
+        whole."""
         ...
 
-    def stage(self, io: SegmentIO) -> None: ...
+    def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
+        """Caller's thread, before submission: the tensors ``staged`` are copied by range."""
+        ...
 
 
 def _require_contiguous(t: torch.Tensor) -> None:
@@ -149,14 +153,13 @@ class AllReduce:
 
     #: The tensor a staged hand-off may copy range by range (``StagingHandoff.pipeline``),
     #: and whether its ranges count bytes.
-    ranged, in_bytes = 0, False
+    ranged, in_bytes = (0,), False
 
-    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+    def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
         return staging_ranges(tensors[0], w, r, cap)
 
-    def stage(self, io: SegmentIO) -> None:
-        """Caller's thread, before submission: the hand-off copies range by range."""
+    def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
         self.io = io
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
@@ -249,13 +252,14 @@ def _cut_ranges(plan: ring.CopyPlan, w: int) -> tuple[tuple[int, int], ...] | No
     return plan.ranges if len(plan.ranges) > w else None
 
 
-def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool,
+def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool, own: bool,
                 act: Callable[[int], None]) -> ring.ChunkHook:
-    """The chunk hook of a staged flat all-gather (``ends``: ``act(p)`` once the chunk that
-    ends piece p is final) or reduce-scatter (``act(p)`` before the chunk that begins piece p
-    is read), on ``ring.copy_plan``: the ring's segments and chunks are the all-reduce's for
-    the same ``n`` items."""
-    plan = ring.copy_plan(n, ch.size, ch.rank, itemsize, cap=ch.chunk_cap)
+    """The chunk hook of a staged flat all-gather or reduce-scatter on ``ring.copy_plan`` (the
+    ring's segments and chunks are the all-reduce's for the same ``n`` items): ``act(p)``
+    once the chunk that ends piece p is final (``ends``), else before the chunk that begins
+    piece p is read. ``own``: on the plan of this rank's segment alone, for a tensor that
+    holds just that segment (``ring.copy_plan``)."""
+    plan = ring.copy_plan(n, ch.size, ch.rank, itemsize, cap=ch.chunk_cap, own=own)
     marks = plan.ends if ends else plan.starts
 
     def hook(s: int, j: int) -> None:
@@ -266,14 +270,17 @@ def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool,
     return hook
 
 
-def _flat_ranges(n: int, itemsize: int, w: int, r: int,
-                 cap: int) -> tuple[tuple[int, int], ...] | None:
+def _flat_ranges(n: int, itemsize: int, w: int, r: int, cap: int,
+                 own: bool = False) -> tuple[tuple[int, int], ...] | None:
     """The ranges a staged flat all-gather (bytes) or reduce-scatter (elements) copies its
-    large tensor in, or None (copied whole): one rank, the grid (``_grid_columns``), whose
-    order is not the ring's, or segments not cut into pieces (``staging_ranges``)."""
+    large tensor in (``own``: the tensor holding segment r only, as ranges of it: the
+    all-gather's input, the reduce-scatter's output), or None (copied whole): one rank, the
+    grid (``_grid_columns``), whose order is not the ring's, or segments not cut into pieces
+    (``staging_ranges``; ``own``: segment r)."""
     if w == 1 or grid.columns(n, w, itemsize, cap):
         return None
-    return _cut_ranges(ring.copy_plan(n, w, r, itemsize, cap=cap), w)
+    plan = ring.copy_plan(n, w, r, itemsize, cap=cap, own=own)
+    return _cut_ranges(plan, 1 if own else w)
 
 
 def all_reduce_many(ch: Channel, ts: list[torch.Tensor], op: Op, scratch: Scratch) -> None:
@@ -413,10 +420,13 @@ class ReduceScatter:
     segment r - 1. Host tensors: the inputs, one per rank, then the output (``flat``: the
     output, then one input holding every rank's part in rank order, cut in numpy, which is
     cheaper per op than a torch slice and view per rank). Inputs are only read (no copy of
-    them, except the float32 copy that half types reduce in); half types round once."""
+    them, except the float32 copy that half types reduce in); half types round once. Staged
+    (``stage``): the input's pieces are waited for before the ring first reads them and the
+    output's copied back as they become final."""
 
-    #: A staged hand-off may copy the flat form's input range by range (``AllReduce``).
-    ranged, in_bytes = 1, False
+    #: A staged hand-off may copy the flat form's input and output range by range
+    #: (``AllReduce``).
+    ranged, in_bytes = (1, 0), False
 
     def __init__(self, op: Op, scratch: Scratch, flat: bool):
         self.op = op
@@ -426,17 +436,19 @@ class ReduceScatter:
         self._parts: tuple[torch.Tensor, list[np.ndarray]] | None = None
         self._grid: tuple[np.ndarray, int] | None = None  # (flat input, row length)
         self._ready: ring.ChunkHook = None  # a staged op's wait for its input's pieces
+        self._final: ring.ChunkHook = None  # and its copy back of its output's pieces
+        self._staged: frozenset[int] = frozenset()
 
-    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+    def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
         """Half types reduce in a float32 copy of the whole input: copied whole."""
-        t = tensors[self.ranged]
+        t = tensors[1]
         if not self.flat or t.dtype in UPCAST:
             return None
-        return _flat_ranges(t.numel(), t.element_size(), w, r, cap)
+        return _flat_ranges(t.numel(), t.element_size(), w, r, cap, own=index == 0)
 
-    def stage(self, io: SegmentIO) -> None:
-        self.io = io
+    def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
+        self.io, self._staged = io, staged
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         out = hosts[0] if self.flat else hosts[-1]
@@ -446,8 +458,11 @@ class ReduceScatter:
             cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
             if self.io is not None:
                 assert not cols and up is None, "a staged reduce-scatter runs the plain ring"
-                self._ready = _piece_hook(ch, arr.shape[0], arr.itemsize, False,
-                                          self.io.wait_range)
+                n, size = arr.shape[0], arr.itemsize
+                if 1 in self._staged:
+                    self._ready = _piece_hook(ch, n, size, False, False, self.io.wait_range)
+                if 0 in self._staged:
+                    self._final = _piece_hook(ch, n, size, True, True, self.io.copy_back)
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
             cols = _list_grid_columns(ch, src)
@@ -473,7 +488,7 @@ class ReduceScatter:
             grid.reduce_scatter(ch, arr, as_array(work), fn, fin, self.scratch, cols, started=True)
         else:
             ring.reduce_scatter(ch, src, as_array(work), fn, fin, self.scratch, started=True,
-                                ready=self._ready)
+                                ready=self._ready, final=self._final)
         if up is not None:
             out.reshape(-1).copy_(work)
 
@@ -481,11 +496,13 @@ class ReduceScatter:
 class AllGather:
     """All-gather in the engine's two parts (see ``AllReduce``): ``start`` sends this rank's
     input. Host tensors: the outputs, one per rank, then the input (``flat``: one output
-    holding every rank's part in rank order, then the input)."""
+    holding every rank's part in rank order, then the input). Staged (``stage``): the input's
+    pieces are waited for before they are sent and the output's copied back as they become
+    final."""
 
-    #: A staged hand-off may copy the flat form's output back range by range, in bytes
-    #: (``AllReduce``).
-    ranged, in_bytes = 0, True
+    #: A staged hand-off may copy the flat form's output back and its input out range by
+    #: range, in bytes (``AllReduce``).
+    ranged, in_bytes = (0, 1), True
 
     def __init__(self, flat: bool):
         self.flat = flat
@@ -494,16 +511,18 @@ class AllGather:
         self._grid: tuple[np.ndarray, int] | None = None  # (flat output, row length)
         self._outs: list[np.ndarray] = []  # the list form's outputs, when a grid fills a copy
         self._final: ring.ChunkHook = None  # a staged op's copy back of its output's pieces
+        self._ready: ring.ChunkHook = None  # and its wait for its input's
+        self._staged: frozenset[int] = frozenset()
 
-    def ranges(self, tensors: list[torch.Tensor], w: int, r: int,
+    def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
-        t = tensors[self.ranged]
+        t = tensors[0]
         if not self.flat:
             return None
-        return _flat_ranges(t.numel() * t.element_size(), 1, w, r, cap)
+        return _flat_ranges(t.numel() * t.element_size(), 1, w, r, cap, own=index == 1)
 
-    def stage(self, io: SegmentIO) -> None:
-        self.io = io
+    def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
+        self.io, self._staged = io, staged
 
     def start(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         if self.flat:
@@ -512,7 +531,12 @@ class AllGather:
             cols = _grid_columns(ch, out.shape[0], 1)
             if self.io is not None:
                 assert not cols, "a staged all-gather runs the plain ring"
-                self._final = _piece_hook(ch, out.shape[0], 1, True, self.io.copy_back)
+                if 0 in self._staged:
+                    self._final = _piece_hook(ch, out.shape[0], 1, True, False,
+                                              self.io.copy_back)
+                if 1 in self._staged:
+                    self._ready = _piece_hook(ch, out.shape[0], 1, False, True,
+                                              self.io.wait_range)
         else:
             segs = [as_bytes(o) for o in hosts[:-1]]
             cols = _list_grid_columns(ch, segs)
@@ -526,7 +550,7 @@ class AllGather:
         if self._grid is not None:
             grid.all_gather_start(ch, *self._parts, self._grid[1])
         else:
-            ring.all_gather_start(ch, *self._parts)
+            ring.all_gather_start(ch, *self._parts, ready=self._ready)
 
     def finish(self, ch: Channel, hosts: list[torch.Tensor]) -> None:
         assert self._parts is not None, "finish before start"

@@ -510,11 +510,14 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         # A staged hand-off may copy a large tensor range by range so its device copies
         # overlap the exchange (CPU hand-offs have no pipeline).
         pipeline = getattr(handoff, "pipeline", None) if segmented is not None else None
-        if pipeline is not None and pipeline(
-                lambda: segmented.ranges(tensors, self.size(), self.rank(),
-                                         self._engine.chunk_cap),
-                segmented.ranged, segmented.in_bytes):
-            segmented.stage(handoff)
+        if pipeline is not None:
+            w, r, cap = self.size(), self.rank(), self._engine.chunk_cap
+            staged = frozenset(
+                i for i in segmented.ranged
+                if pipeline(lambda i=i: segmented.ranges(tensors, i, w, r, cap), i,
+                            segmented.in_bytes))
+            if staged:
+                segmented.stage(handoff, staged)
         devices = [device] if device is not None and device.type == "cuda" else None
         blocking = opts is not None and getattr(opts, "asyncOp", True) is False
         work = Work(name, result, devices=devices, blocking=blocking, refused=refused)

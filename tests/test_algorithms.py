@@ -427,9 +427,11 @@ def test_ring_all_gather_and_reduce_scatter_chunk_hooks(world: int, n: int,
                                                         started: bool) -> None:
     """The staged flat forms' hooks, on the all-reduce's plan for the same n items:
     reduce-scatter calls ready(s, j) before it reads chunk j of input segment s (NaN until
-    then), once per chunk, in the order of the plan's pieces; all-gather calls final(s, j)
-    once chunk j of segment s holds its data, once per chunk, each segment's in order, so
-    a piece is whole when its last chunk's final comes."""
+    then), once per chunk, in the order of the plan's pieces, and final(rank, j) once chunk j
+    of its output holds the result, in order; all-gather's start calls ready(rank, j) before
+    it reads chunk j of its input (NaN until then), in order, and final(s, j) once chunk j
+    of segment s holds its data, once per chunk, each segment's in order, so a piece is
+    whole when its last chunk's final comes."""
     chunk_bytes = 256
 
     def body(ch):
@@ -449,14 +451,25 @@ def test_ring_all_gather_and_reduce_scatter_chunk_hooks(world: int, n: int,
             inp[a:b] = real[a:b]
 
         out = np.full(n, np.nan)
+        mine = [(cuts[r][j] - offs[r], cuts[r][j + 1] - offs[r]) for j in range(k)]
+        want = sum(data(q, world * n) for q in range(world))[offs[r]:offs[r + 1]]
+        done: list[int] = []
+
+        def out_final(s: int, j: int) -> None:
+            assert s == r
+            done.append(j)
+            a, b = mine[j]
+            np.testing.assert_array_equal(out[a:b], want[a:b])
+
         fn, fin = reducer(Op.SUM, torch.float64), finisher(Op.SUM, world)
         if started:
             ring.reduce_scatter_start(ch, src, chunk_bytes, ready=ready)
         ring.reduce_scatter(ch, src, out, fn, fin, Scratch(), chunk_bytes, started=started,
-                            ready=ready)
+                            ready=ready, final=out_final)
         assert len(readies) == world * k
         pieces = [i for a, b in plan.ranges for i in range(a, b)]
         assert [i for a, b in readies for i in range(a, b)] == pieces
+        assert done == list(range(k))
 
         ch.sends_done_calls = 0  # the all-gather is a second op (a fresh channel in mccl)
         gathered = np.full(world * n, np.nan)
@@ -475,9 +488,20 @@ def test_ring_all_gather_and_reduce_scatter_chunk_hooks(world: int, n: int,
                 pa, pb = plan.ranges[p]
                 assert not np.isnan(gathered[pa:pb]).any()
 
-        if started:
-            ring.all_gather_start(ch, segs, out, chunk_bytes)
-        ring.all_gather(ch, segs, out, chunk_bytes, started=started, final=final)
+        inp = out
+        if started:  # the input is NaN until its chunk's ready
+            inp = np.full(n, np.nan)
+            read: list[int] = []
+
+            def in_ready(s: int, j: int) -> None:
+                assert s == r
+                read.append(j)
+                a, b = mine[j]
+                inp[a:b] = out[a:b]
+
+            ring.all_gather_start(ch, segs, inp, chunk_bytes, ready=in_ready)
+            assert read == list(range(k))
+        ring.all_gather(ch, segs, inp, chunk_bytes, started=started, final=final)
         assert sorted(finals) == [(s, j) for s in range(world) for j in range(k)]
         for s in range(world):
             assert [j for t, j in finals if t == s] == list(range(k))

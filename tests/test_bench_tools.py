@@ -691,6 +691,13 @@ def test_ab_settings_apply_and_restore() -> None:
     flat = collectives._flat_ranges
     undo = mccl_ab.apply("flat_ranges=0")
     assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20) is None
+    assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20, own=True) is None
+    undo()
+    assert collectives._flat_ranges is flat
+    undo = mccl_ab.apply("own_ranges=0")
+    assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20, own=True) is None
+    assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20) == flat(1 << 30, 4, 8, 1,
+                                                                         4 << 20)
     undo()
     assert collectives._flat_ranges is flat
     interval = sys.getswitchinterval()

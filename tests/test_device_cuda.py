@@ -234,13 +234,13 @@ def _ranged_gather_scatter(rank: int, world: int) -> bool:
 
     dev = _dev(rank)
     torch.cuda.set_device(dev)
-    ranged: list[str] = []
+    ranged: list[tuple[str, int]] = []
     orig = staging.StagingHandoff.pipeline
 
     def counted(self, ranges, index=0, in_bytes=False):
         got = orig(self, ranges, index, in_bytes)
-        if got:  # this op ran with range-by-range copies
-            ranged.append("all_gather" if in_bytes else "reduce_scatter")
+        if got:  # this op copied its tensor ``index`` range by range
+            ranged.append(("all_gather" if in_bytes else "reduce_scatter", index))
         return got
 
     staging.StagingHandoff.pipeline = counted
@@ -280,13 +280,17 @@ def _ranged_gather_scatter(rank: int, world: int) -> bool:
     all_gather(1_500_001, torch.bfloat16, in_place=True)  # byte ranges that cut elements
     reduce_scatter(1_000_003, torch.float32)
     reduce_scatter(700_001, torch.int64, dist.ReduceOp.MAX)
-    assert ranged == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+    # the large tensor first (the all-gather's output, the reduce-scatter's input), then the
+    # one holding this rank's segment (3-4 MB here: cut in pieces too)
+    assert ranged == [("all_gather", 0), ("all_gather", 1)] * 2 + [
+        ("reduce_scatter", 1), ("reduce_scatter", 0)] * 2
     reduce_scatter(1_000_003, torch.float16)  # reduced in a float32 copy: copied whole
-    assert len(ranged) == 4
+    assert len(ranged) == 8
     staging.PIPELINE_MIN_BYTES = shipped
     all_gather(8_000_001, torch.float32)  # 96 MB outputs with the shipped threshold
     reduce_scatter(8_000_001, torch.float32)
-    assert ranged[4:] == ["all_gather", "reduce_scatter"]
+    assert ranged[8:] == [("all_gather", 0), ("all_gather", 1), ("reduce_scatter", 1),
+                          ("reduce_scatter", 0)]
     return True
 
 

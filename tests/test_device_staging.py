@@ -307,6 +307,36 @@ def test_copy_plan_tiles_the_buffer_in_the_rings_order(n: int, w: int, chunk,
                 assert starts[-1] == k - 1  # the last copy back is one chunk
 
 
+@pytest.mark.parametrize("n,w,chunk", [(1001, 4, 64), (7, 3, 4), (1 << 20, 8, None),
+                                       (5000, 2, 100), (10, 1, None)])
+def test_own_copy_plan_tiles_this_ranks_segment_small_at_both_edges(n: int, w: int, chunk,
+                                                                    monkeypatch) -> None:
+    """copy_plan(own=True), for a tensor holding segment r only (a flat all-gather's input,
+    sent first; a reduce-scatter's output, final last): its pieces tile that segment from 0
+    in order, whole chunks of the ring's cuts, one chunk at both edges (least piece one
+    byte); no other segment has pieces."""
+    monkeypatch.setattr(ring, "PIECE_MIN_BYTES", 1)
+    offs = split(n, w)
+    for r in range(w):
+        plan = copy_plan(n, w, r, 4, chunk, own=True)
+        whole = copy_plan(n, w, r, 4, chunk)
+        assert plan.cuts == whole.cuts
+        k = len(plan.starts[0])
+        assert [i for a, b in plan.ranges for i in range(a, b)] == list(
+            range(offs[r + 1] - offs[r]))
+        for s in range(w):
+            if s != r:
+                assert set(plan.starts[s]) == set(plan.ends[s]) == {-1}
+        starts = [j for j in range(k) if plan.starts[r][j] >= 0]
+        ends = [j for j in range(k) if plan.ends[r][j] >= 0]
+        assert plan.starts[r][0] == 0 and plan.ends[r][-1] == len(plan.ranges) - 1
+        for p, (j0, j1) in enumerate(zip(starts, ends, strict=True)):
+            assert plan.starts[r][j0] == plan.ends[r][j1] == p
+            assert plan.ranges[p] == (plan.cuts[r][j0] - offs[r], plan.cuts[r][j1 + 1] - offs[r])
+        if k > 1:
+            assert ends[0] == 0 and starts[-1] == k - 1
+
+
 def test_tensors_whose_segments_are_not_cut_are_copied_whole() -> None:
     """staging_ranges: ranges only where some segment is cut into more than one piece
     (shipped piece sizes); otherwise None, and the hand-off copies the tensor whole."""
@@ -543,6 +573,56 @@ def test_a_ranged_input_is_waited_for_range_by_range(monkeypatch) -> None:
     assert torch.equal(inp, want)  # a read-only input is never copied back
 
 
+@pytest.mark.parametrize("in_order", [False, True], ids=["fenced-pool", "copies-in-order"])
+def test_a_ranged_input_and_a_ranged_output_of_one_op(monkeypatch, in_order: bool) -> None:
+    """A flat all-gather's (or reduce-scatter's) case: one tensor read range by range, another
+    written range by range. wait_range names the input's ranges, copy_back the output's;
+    nothing is copied whole; release copies back the output's ranges not copied back yet and
+    never the input. With copies in order (CUDA), an earlier op's copy back out of the pooled
+    buffer that this op's output takes must land before the CPU writes it."""
+    _small_ranges(monkeypatch)
+    adapter, ops = _adapter(copy_delay=0.005, stream_ordered=in_order, copies_in_order=in_order)
+    earlier = torch.full((400,), 1.0)  # the output's size: its pooled buffer is reused
+    he = adapter.prepare([earlier], [True], [True])
+    on_thread(lambda: (he.acquire()[0].add_(1), he.release()))
+    out, inp = torch.zeros(400), torch.zeros(300)
+    want_in = torch.arange(300.0)
+    _produce(ops, inp, want_in)
+    h = adapter.prepare([out, inp], [False, True], [True, False])
+    out_ranges, in_ranges = [(200, 400), (0, 200)], [(0, 100), (100, 150), (150, 300)]
+    assert h.pipeline(lambda: out_ranges, 0)
+    assert h.pipeline(lambda: in_ranges, 1)
+    assert not h.pipeline(lambda: in_ranges, 1)  # one ranged tensor each way
+
+    def comm() -> list:
+        hosts = h.acquire()
+        first = [d for d, _ in ops.copies]
+        host_in, host_out = hosts[1].view(-1), hosts[0].view(-1)
+        host_out.copy_(torch.arange(400.0) + 5)  # (before any wait for the input)
+        h.copy_back(0)
+        got = []
+        for i, (a, b) in enumerate(in_ranges):
+            h.wait_range(i)
+            got.append(host_in[a:b].clone())
+        backs = [d for d, _ in ops.copies].count("back")
+        h.release()
+        return [first, got, backs]
+
+    first, got, backs = on_thread(comm)
+    assert first == ["out", "back", "out", "out"]  # the earlier op, then the input's first two
+    assert torch.equal(torch.cat(got), want_in)
+    assert backs == 2  # the earlier op's and the output's range 0
+    assert [d for d, _ in ops.copies].count("back") == 3  # release: range 1, nothing of inp
+    assert [d for d, _ in ops.copies].count("out") == 1 + 3
+    h.gate()()
+    seen: list[torch.Tensor] = []
+    ops.current.enqueue(lambda: seen.append(out.clone()))
+    ops.current.synchronize()
+    assert torch.equal(seen[0], torch.arange(400.0) + 5)
+    assert torch.equal(earlier, torch.full((400,), 2.0))  # not the later op's bytes
+    assert torch.equal(inp, want_in)
+
+
 def test_pipeline_only_for_a_large_tensor_copied_on_the_comm_thread(monkeypatch) -> None:
     _small_ranges(monkeypatch)
     adapter, _ = _adapter()
@@ -772,23 +852,31 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
     ops = _fake_ranged_staging(cuda_like)
     cap = dist.distributed_c10d._get_default_group()._engine.chunk_cap
 
-    def staged(op: str, copies: list[str], big: torch.Tensor) -> bool:
+    def staged(op: str, copies: list[str], big: torch.Tensor, small: torch.Tensor) -> bool:
         """Whether the op copied its large tensor range by range: one copy per range in the
-        large tensor's direction, against one whole copy."""
+        large tensor's direction, against one whole copy; and the same of the small tensor
+        (this rank's segment: the all-gather's input, the reduce-scatter's output) in the
+        other direction."""
         nbytes = big.numel() * big.element_size()
-        if op == "all_gather":
-            ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap)
-            n = copies.count("back")
-        else:
-            ranges = (None if big.dtype in collectives.UPCAST else
-                      collectives._flat_ranges(big.numel(), big.element_size(), world, rank,
-                                               cap))
-            n = copies.count("out")
-        ranged = nbytes >= staging.PIPELINE_MIN_BYTES and ranges is not None
-        assert n == (len(ranges) if ranged else 1), (op, big.dtype, big.numel(), n)
-        return ranged
 
-    def all_gather(m: int, dtype: torch.dtype, in_place: bool = False) -> bool:
+        def count(tensor: torch.Tensor, way: str, own: bool) -> bool:
+            if op == "all_gather":
+                ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap, own=own)
+            else:
+                ranges = (None if big.dtype in collectives.UPCAST else
+                          collectives._flat_ranges(big.numel(), big.element_size(), world,
+                                                   rank, cap, own=own))
+            n = copies.count(way)
+            ranged = (tensor.numel() * tensor.element_size() >= staging.PIPELINE_MIN_BYTES
+                      and ranges is not None)
+            assert n == (len(ranges) if ranged else 1), (op, big.dtype, big.numel(), own, n)
+            return ranged
+
+        ways = ("back", "out") if op == "all_gather" else ("out", "back")
+        own = count(small, ways[1], own=True)
+        return (count(big, ways[0], own=False), own)
+
+    def all_gather(m: int, dtype: torch.dtype, in_place: bool = False) -> tuple[bool, bool]:
         vals = lambda r: (torch.arange(m) * 3 + r * 1000 + 1).to(dtype)  # noqa: E731
         out = torch.zeros(world * m, dtype=dtype)
         inp = out[rank * m:(rank + 1) * m] if in_place else torch.zeros(m, dtype=dtype)
@@ -799,9 +887,10 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         ops.current.enqueue(lambda: seen.append(out.clone()))  # consumer right after wait
         ops.current.synchronize()
         assert torch.equal(seen[0], torch.cat([vals(r) for r in range(world)])), (m, dtype)
-        return staged("all_gather", [d for d, _ in ops.copies[before:]], out)
+        return staged("all_gather", [d for d, _ in ops.copies[before:]], out, inp)
 
-    def reduce_scatter(m: int, dtype: torch.dtype, op=dist.ReduceOp.SUM) -> bool:
+    def reduce_scatter(m: int, dtype: torch.dtype,
+                       op=dist.ReduceOp.SUM) -> tuple[bool, bool]:
         vals = lambda r: (torch.arange(world * m) % 97 + r).to(dtype)  # noqa: E731
         inp, out = torch.zeros(world * m, dtype=dtype), torch.zeros(m, dtype=dtype)
         _produce(ops, inp, vals(rank), delay=0.02)
@@ -816,21 +905,29 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         if op == dist.ReduceOp.MAX:
             want = torch.stack(parts).max(0).values
         assert torch.equal(seen[0], want.to(dtype)), (m, dtype, op)
-        return staged("reduce_scatter", [d for d, _ in ops.copies[before:]], inp)
+        return staged("reduce_scatter", [d for d, _ in ops.copies[before:]], inp, out)
 
-    assert not all_gather(500, torch.float32)  # small: copied whole
-    assert all_gather(50_001, torch.float32)  # 200 KB per rank: ranges
-    assert all_gather(100_003, torch.int16, in_place=True)
-    assert all_gather(45_001, torch.bfloat16)  # byte ranges that cut elements
-    assert all_gather(25_001, torch.float64)
-    assert reduce_scatter(50_001, torch.float32)
-    assert reduce_scatter(30_007, torch.int64, dist.ReduceOp.MAX)
-    assert reduce_scatter(25_001, torch.complex64)  # reduced as (real, imaginary) pairs
-    assert all_gather(12_501, torch.complex128)
-    assert not reduce_scatter(60_001, torch.float16)  # reduced in a float32 copy: whole
+    got = {
+        "small": all_gather(500, torch.float32),  # copied whole
+        "ag": all_gather(50_001, torch.float32),  # 200 KB per rank: ranges
+        "ag in place": all_gather(100_003, torch.int16, in_place=True),
+        "ag bf16": all_gather(45_001, torch.bfloat16),  # byte ranges that cut elements
+        "ag f64": all_gather(25_001, torch.float64),
+        "ag own small": all_gather(30_001, torch.float32),  # an input of 120 KB
+        "rs": reduce_scatter(50_001, torch.float32),
+        "rs max": reduce_scatter(30_007, torch.int64, dist.ReduceOp.MAX),
+        "rs complex": reduce_scatter(25_001, torch.complex64),  # as (real, imaginary) pairs
+        "ag complex": all_gather(12_501, torch.complex128),
+        "rs f16": reduce_scatter(60_001, torch.float16),  # reduced in a float32 copy: whole
+    }
     ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: copied whole
-    assert not all_gather(50_001, torch.float32)
-    assert not reduce_scatter(50_001, torch.float32)
+    got["uncut"] = (all_gather(50_001, torch.float32), reduce_scatter(50_001, torch.float32))
+    both, big_only, whole = (True, True), (True, False), (False, False)
+    assert got == {
+        "small": whole, "ag": both, "ag in place": both,
+        "ag bf16": big_only,  # an input of 90 KB is below the threshold
+        "ag f64": both, "ag own small": big_only, "rs": both, "rs max": both,
+        "rs complex": both, "ag complex": both, "rs f16": whole, "uncut": (whole, whole)}
     dist.barrier()
     return "ok"
 

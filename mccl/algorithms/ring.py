@@ -106,7 +106,8 @@ def _runs(k: int, cap: int, head: bool, tail: bool, least: int = 1) -> list[int]
 
 
 def copy_plan(n: int, w: int, r: int, itemsize: int,
-              chunk_bytes: int | None = None, cap: int | None = None) -> CopyPlan:
+              chunk_bytes: int | None = None, cap: int | None = None,
+              own: bool = False) -> CopyPlan:
     """The pieces a staged ``all_reduce`` of ``n`` elements of ``itemsize`` bytes (the dtype
     the ring runs in) copies on rank ``r``: every rank derives the same chunks as the ring.
 
@@ -115,15 +116,20 @@ def copy_plan(n: int, w: int, r: int, itemsize: int,
     pieces at both edges and a bounded lookahead (``StagingHandoff``) keep only a piece of
     about ``PIECE_MIN_BYTES`` on the critical path at the op's start and end. Built once per
     shape (DDP's buckets repeat every step) for the caller's and the comm thread. ``cap``: the
-    group's chunk cap (``Channel.chunk_cap``)."""
+    group's chunk cap (``Channel.chunk_cap``).
+
+    ``own``: the pieces of segment r alone, counted from its start, small at both edges: for
+    a tensor that holds just that segment, a staged flat all-gather's input (sent first) or
+    reduce-scatter's output (final last); the other segments have no pieces."""
     k = segment_chunks(n, w, itemsize, chunk_bytes, cap)
     seg_bytes = -(-n // w) * itemsize  # segment 0, the largest
-    return _plan(n, w, r, k, max(1, -(-seg_bytes // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES)
+    return _plan(n, w, r, k, max(1, -(-seg_bytes // k)), PIECE_MIN_BYTES, PIECE_MAX_BYTES,
+                 own)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(n: int, w: int, r: int, k: int, chunk: int, least_bytes: int,
-          most_bytes: int) -> CopyPlan:
+          most_bytes: int, own: bool) -> CopyPlan:
     offs = split(n, w)
     cap = max(1, most_bytes // chunk)
     least = -(-least_bytes // chunk)
@@ -131,12 +137,15 @@ def _plan(n: int, w: int, r: int, k: int, chunk: int, least_bytes: int,
     cuts = [tuple(offs[s] + c for c in split(offs[s + 1] - offs[s], k)) for s in range(w)]
     starts = [[-1] * k for _ in range(w)]
     ends = [[-1] * k for _ in range(w)]
-    for i in range(w):
-        s = first_use(i, w, r)
+    # (segment, small head, small tail) in the order the pieces are first needed
+    segs = [r] if own else [first_use(i, w, r) for i in range(w)]
+    order = [(s, own or i == 0, own or s == (r + 1) % w) for i, s in enumerate(segs)]
+    base = offs[r] if own else 0
+    for s, head, tail in order:
         j = 0
-        for run in _runs(k, cap, head=i == 0, tail=s == (r + 1) % w, least=least):
+        for run in _runs(k, cap, head=head, tail=tail, least=least):
             starts[s][j] = ends[s][j + run - 1] = len(ranges)
-            ranges.append((cuts[s][j], cuts[s][j + run]))
+            ranges.append((cuts[s][j] - base, cuts[s][j + run] - base))
             j += run
     return CopyPlan(tuple(ranges), tuple(cuts), tuple(map(tuple, starts)),
                     tuple(map(tuple, ends)))
@@ -240,10 +249,13 @@ def reduce_scatter_start(ch: Channel, src: list[np.ndarray],
 
 def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: Reducer,
                    finish: Finisher, scratch: Scratch, chunk_bytes: int | None = None,
-                   started: bool = False, ends_op: bool = True, ready: ChunkHook = None) -> None:
+                   started: bool = False, ends_op: bool = True, ready: ChunkHook = None,
+                   final: ChunkHook = None) -> None:
     """Out of place: ``out`` = reduction over ranks of their ``src[rank]``; ``src`` unchanged.
     ``ready(s, j)`` is called before chunk j of ``src[s]`` is read (every chunk, empty ones
-    included; a staged hand-off copies the input in there, see ``all_reduce``).
+    included; a staged hand-off copies the input in there, see ``all_reduce``), ``final(rank,
+    j)`` once chunk j of ``out`` holds its result (every chunk, in order; a staged hand-off
+    copies it back).
 
     A partial sum goes into a pool slot (``REDUCE_SCATTER_POOL_BYTES``) whose last send was
     written, else into one of ``REDUCE_SCATTER_SPARES`` segment-sized buffers, used in turn:
@@ -286,34 +298,40 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
             if ready is not None:
                 ready(x, j)
             if not c_in.size:
-                continue
-            if not last and n_pool and ch.passed(nxt, tickets[turn]):
+                pass
+            elif not last and n_pool and ch.passed(nxt, tickets[turn]):
                 hot = slots[turn][:c_in.shape[0]]
                 ch.recv(prv, hot)
                 reduce(c_in, hot, hot)
                 ch.send(nxt, hot)
                 tickets[turn] = ch.ticket(nxt)
                 turn = (turn + 1) % n_pool
-                continue
-            tmp = scratch.get(c_in)
-            ch.recv(prv, tmp)
-            reduce(c_in, tmp, c_out)
-            if not last:
-                ch.send(nxt, c_out)
-            elif finish is not None:
-                finish(c_out)
+            else:
+                tmp = scratch.get(c_in)
+                ch.recv(prv, tmp)
+                reduce(c_in, tmp, c_out)
+                if not last:
+                    ch.send(nxt, c_out)
+                elif finish is not None:
+                    finish(c_out)
+            if last and final is not None:
+                final(x, j)
         marks.append(ch.mark())
     ch.flush()
 
 
 def all_gather_start(ch: Channel, segs: list[np.ndarray], mine: np.ndarray | None = None,
-                     chunk_bytes: int | None = None) -> None:
-    """The first sends of ``all_gather``: this rank's own segment (see ``all_reduce_start``)."""
+                     chunk_bytes: int | None = None, ready: ChunkHook = None) -> None:
+    """The first sends of ``all_gather``: this rank's own segment (see ``all_reduce_start``).
+    ``ready(rank, j)`` is called before its chunk j is read (every chunk, in order; a staged
+    hand-off copies the input in there)."""
     w, r = ch.size, ch.rank
     if w == 1:
         return
     k = chunk_count(max(s.nbytes for s in segs), chunk_bytes, ch.chunk_cap)
-    for c in chunks(mine if mine is not None else segs[r], k):
+    for j, c in enumerate(chunks(mine if mine is not None else segs[r], k)):
+        if ready is not None:
+            ready(r, j)
         if c.size:
             ch.send((r + 1) % w, c)
 

@@ -14,10 +14,11 @@ hand-off on (an H200 here), and the same staging logic serves MPS without the sh
   the caller's stream (O3). A
   blocking op (``async_op=False``) runs these steps on the caller's thread instead when the
   group is idle, as on CPU (same side stream). A large all-reduce, flat all-gather or flat
-  reduce-scatter copies its large tensor piece by piece (``StagingHandoff.pipeline``,
-  ``ring.copy_plan``): copies out enqueued in the order the ring needs them, a bounded
-  distance ahead, with an event each; the ring waits on a piece's event just before it first
-  reads it and enqueues its copy back once it is final.
+  reduce-scatter copies its large tensors piece by piece (``StagingHandoff.pipeline``,
+  ``ring.copy_plan``; of the gather and scatter, also the tensor holding this rank's segment):
+  copies out enqueued in the order the ring needs them, a bounded distance ahead, with an
+  event each; the ring waits on a piece's event just before it first reads it and enqueues
+  its copy back once it is final.
 * ``Work.wait()`` makes the waiter's current stream wait on the completion event, and the
   Future is completed inside the side stream's context so ``Future(devices=[dev])`` records
   its own event there: ``fut.wait()``/``then`` (DDP's reducer) sync the same way. Neither

@@ -24,17 +24,18 @@ Per op, with ``ops`` the device half (:class:`DeviceOps`):
 * waiting thread, ``gate``: ``ops.gate(done)`` makes the consumer's stream wait (O2);
   ``result_context`` is where the Future is completed so Future waiters see ``done`` too.
 
-Ranges (one large tensor of an all-reduce, a flat all-gather's output or a flat
-reduce-scatter's input, where the comm thread does the copies): ``pipeline`` on the caller's
-thread names that tensor and takes a function giving ranges of its flat view (elements, or
-bytes) in the order the collective first needs them (the ring's pieces,
-``collectives.staging_plan``), called only if the op is staged by range. The op's other
-tensors are staged whole. If the ranged tensor is read, ``acquire`` enqueues the first ranges'
-device -> host copies, each followed by its own fence, and waits for none of them; the body
-calls ``wait_range(i)`` before it first touches range i (that range's fence only), which also
-enqueues a few more copies out, up to ``COPY_AHEAD_BYTES`` beyond range i. If it is written,
-the body calls ``copy_back(i)`` once range i holds its result, which enqueues its host ->
-device copy at once, so it overlaps the rest of the exchange.
+Ranges (where the comm thread does the copies: the one tensor of an all-reduce; a flat
+all-gather's output and input; a flat reduce-scatter's input and output): ``pipeline`` on the
+caller's thread names one such tensor and takes a function giving ranges of its flat view
+(elements, or bytes) in the order the collective first needs them (the ring's pieces,
+``collectives.staging_plan``), called only if the tensor is staged by range. An op ranges at
+most one tensor it reads and one it writes (an all-reduce's one tensor is both); its other
+tensors are staged whole. Of the ranged tensor that is read, ``acquire`` enqueues the first
+ranges' device -> host copies, each followed by its own fence, and waits for none of them; the
+body calls ``wait_range(i)`` before it first touches range i (that range's fence only), which
+also enqueues a few more copies out, up to ``COPY_AHEAD_BYTES`` beyond range i. Of the one
+that is written, the body calls ``copy_back(i)`` once range i holds its result, which enqueues
+its host -> device copy at once, so it overlaps the rest of the exchange.
 Copies out are not all enqueued up front: ranks sharing a device then each flood it with a
 whole tensor's copies, and a rank's first range waited behind the others' (7 ms for 64 MB at
 8 ranks on one H200, against under 1 ms for one segment each). With the ring's small first
@@ -218,6 +219,30 @@ class PendingWrites:
                     del self._count[p]
 
 
+class _Ranged:
+    """One tensor of an op that is staged range by range (``StagingHandoff.pipeline``)."""
+
+    def __init__(self, index: int, ranges: Sequence[tuple[int, int]], in_bytes: bool,
+                 itemsize: int):
+        self.index = index
+        self.in_bytes = in_bytes  # its ranges count bytes, not elements
+        self.ranges = list(ranges)
+        unit = 1 if in_bytes else itemsize
+        offsets = [0]  # bytes before each range, in the ranges' order
+        for a, b in self.ranges:
+            offsets.append(offsets[-1] + (b - a) * unit)
+        self.offsets = offsets
+        self.fences: list[Fence | None] = []  # of the ranges whose copy out is enqueued
+        self.backed = [False] * len(self.ranges)  # ranges whose copy back is enqueued
+        self.flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) 1-D views
+
+    def view(self, dev: torch.Tensor, host: torch.Tensor) -> None:
+        """The two sides' flat views, sliced per range, made once per op."""
+        dev, host = dev.view(-1), host.view(-1)
+        self.flat = ((dev.view(torch.uint8), host.view(torch.uint8)) if self.in_bytes
+                     else (dev, host))
+
+
 class StagingHandoff:
     """One op's staged hand-off (see the module docstring for who runs what where)."""
 
@@ -240,13 +265,8 @@ class StagingHandoff:
         self._bufs: list[torch.Tensor | None] = []
         self._done: Fence | None = None
         self._out_fence: Fence | None = None
-        self._ranges: list[tuple[int, int]] | None = None  # ranges of a flat view (pipeline())
-        self._ranged = -1  # the tensor staged by range (pipeline()), if any
-        self._in_bytes = False  # its ranges count bytes, not elements
-        self._range_fences: list[Fence | None] = []  # of the ranges whose copy out is enqueued
-        self._offsets: list[int] = []  # bytes before each range, in the ranges' order
-        self._backed: list[bool] = []  # ranges whose copy back is enqueued
-        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) 1-D views
+        self._in: _Ranged | None = None  # the tensor read range by range (pipeline())
+        self._out: _Ranged | None = None  # the one written range by range (may be the same)
         if ops.copy_out_on_caller and not after_writes:
             self._stage_out()  # else acquire copies out, after that op's copy back
         self._ready = ops.ready()
@@ -256,32 +276,30 @@ class StagingHandoff:
                  index: int = 0, in_bytes: bool = False) -> bool:
         """Caller's thread, before submission: stage tensor ``index`` range by range if it is
         large enough and the comm thread does the copies (the op's other tensors are staged
-        whole). ``ranges()`` gives ranges of its flat view (elements, or bytes if
-        ``in_bytes``) that tile it, in the order the body first needs them, or None where the
-        collective gains nothing from ranges; it is called only then (most ops are not staged
-        by range, and building the ranges is O(ranks) on the caller's thread). True: if the
-        tensor is read, the body must call :meth:`wait_range` before it touches a range
-        (``acquire`` no longer waits for its data); if written, it may call
-        :meth:`copy_back` once a range is final."""
+        whole; at most one ranged tensor is read and one written). ``ranges()`` gives ranges
+        of its flat view (elements, or bytes if ``in_bytes``) that tile it, in the order the
+        body first needs them, or None where the collective gains nothing from ranges; it is
+        called only then (most ops are not staged by range, and building the ranges is
+        O(ranks) on the caller's thread). True: if the tensor is read, the body must call
+        :meth:`wait_range` before it touches a range (``acquire`` no longer waits for its
+        data); if written, it may call :meth:`copy_back` once a range is final."""
         if self.ops.copy_out_on_caller or self.hosts is not None:
             return False
         t = self.tensors[index]
         nbytes = t.numel() * t.element_size()
         if nbytes < PIPELINE_MIN_BYTES or not t.is_contiguous():
             return False
-        if not (self.reads[index] or self.writes[index]):
+        read, written = self.reads[index], self.writes[index]
+        if not (read or written) or (read and self._in) or (written and self._out):
             return False
         got = ranges()
         if got is None:
             return False
-        self._ranged, self._in_bytes = index, in_bytes
-        self._ranges = list(got)
-        self._backed = [False] * len(self._ranges)
-        unit = 1 if in_bytes else t.element_size()
-        offsets = [0]
-        for a, b in self._ranges:
-            offsets.append(offsets[-1] + (b - a) * unit)
-        self._offsets = offsets
+        ranged = _Ranged(index, got, in_bytes, t.element_size())
+        if read:
+            self._in = ranged
+        if written:
+            self._out = ranged
         return True
 
     def _stage_out(self) -> None:
@@ -292,7 +310,8 @@ class StagingHandoff:
         # for this fence: with copies in order, a pooled buffer is given back before the
         # copy back that reads it has run. Only a ranged tensor that is read has fences of
         # its own (one per range).
-        fenced = self._ranges is None
+        fenced = self._in is None
+        copied_by_range = self._in.index if self._in is not None else -1
         with self.ops.copy_context():
             for i, (t, r) in enumerate(zip(self.tensors, self.reads, strict=True)):
                 if t.numel() == 0:
@@ -301,7 +320,7 @@ class StagingHandoff:
                     continue
                 buf = self.pool.take(t.numel() * t.element_size())
                 h = _host_like(buf, t)
-                if not (r and i == self._ranged):  # (that one: copied by range, fenced each)
+                if i != copied_by_range:  # (that one: copied by range, fenced each)
                     if r:
                         self.ops.copy(h, t)
                     fenced = True
@@ -310,37 +329,39 @@ class StagingHandoff:
             out_fence = self.ops.fence() if fenced else None
         self.hosts, self._bufs = hosts, bufs
         self._out_fence = out_fence
-        if self._ranges is not None:
-            # sliced per range, made once
-            dev, host = self.tensors[self._ranged].view(-1), hosts[self._ranged].view(-1)
-            self._flat = ((dev.view(torch.uint8), host.view(torch.uint8)) if self._in_bytes
-                          else (dev, host))
-            if self.reads[self._ranged]:
-                self._copy_out(min(COPY_FIRST_RANGES, len(self._ranges)))
+        for ranged in (self._in, self._out):
+            if ranged is not None:
+                ranged.view(self.tensors[ranged.index], hosts[ranged.index])
+        if self._in is not None:
+            self._copy_out(min(COPY_FIRST_RANGES, len(self._in.ranges)))
 
     def _copy_out(self, upto: int) -> None:
         """Enqueue the copies out of the ranges before ``upto`` not enqueued yet, in order,
         each followed by its own fence."""
-        assert self._ranges is not None and self._flat is not None
-        if len(self._range_fences) >= upto:
+        ranged = self._in
+        assert ranged is not None and ranged.flat is not None
+        fences = ranged.fences
+        if len(fences) >= upto:
             return
-        src, dst = self._flat
+        src, dst = ranged.flat
         with self.ops.copy_context():
-            for a, b in self._ranges[len(self._range_fences):upto]:
+            for a, b in ranged.ranges[len(fences):upto]:
                 self.ops.copy(dst[a:b], src[a:b])
-                self._range_fences.append(self.ops.fence())
+                fences.append(self.ops.fence())
 
     def wait_range(self, i: int) -> None:
         """Comm thread, after ``acquire`` (pipelined hand-off only): block until range i's
         device -> host copy has landed (later ranges may still be copying), then enqueue up to
         ``COPY_STEP_RANGES`` more copies, staying within ``COPY_AHEAD_BYTES`` of it."""
         self._copy_out(i + 1)
-        fence = self._range_fences[i]
+        assert self._in is not None
+        fences, offsets = self._in.fences, self._in.offsets
+        fence = fences[i]
         if fence is not None:
             self._await(fence)
-            self._range_fences[i] = None
-        limit, offsets = self._offsets[i + 1] + COPY_AHEAD_BYTES, self._offsets
-        upto = len(self._range_fences)
+            fences[i] = None
+        limit = offsets[i + 1] + COPY_AHEAD_BYTES
+        upto = len(fences)
         stop = min(len(offsets) - 1, upto + COPY_STEP_RANGES)
         while upto < stop and offsets[upto] < limit:
             upto += 1
@@ -349,17 +370,18 @@ class StagingHandoff:
     def copy_back(self, i: int) -> None:
         """Comm thread: enqueue range i's host -> device copy now (once per range); the host
         range must not change afterwards."""
-        if self._backed[i]:
+        assert self._out is not None
+        if self._out.backed[i]:
             return
         with self.ops.copy_context():
-            self._copy_range_back(i)
+            self._copy_range_back(self._out, i)
 
-    def _copy_range_back(self, i: int) -> None:
-        assert self._flat is not None and self._ranges is not None
-        a, b = self._ranges[i]
-        dev, host = self._flat
+    def _copy_range_back(self, ranged: _Ranged, i: int) -> None:
+        assert ranged.flat is not None
+        a, b = ranged.ranges[i]
+        dev, host = ranged.flat
         self.ops.copy(dev[a:b], host[a:b])
-        self._backed[i] = True
+        ranged.backed[i] = True
 
     def acquire(self) -> list[torch.Tensor]:
         if self._ready is not None:
@@ -393,17 +415,18 @@ class StagingHandoff:
         assert self.hosts is not None
         copied = False
         with self.ops.copy_context():
-            if self._ranges is not None and self.writes[self._ranged]:
+            out = self._out
+            if out is not None:
                 # ranges not copied back yet; of a tensor also read, one never copied out
                 # holds no data of it
-                read = self.reads[self._ranged]
-                for i in range(len(self._range_fences) if read else len(self._ranges)):
-                    if not self._backed[i]:
-                        self._copy_range_back(i)
+                for i in range(len(out.fences) if out is self._in else len(out.ranges)):
+                    if not out.backed[i]:
+                        self._copy_range_back(out, i)
                 copied = True
+            by_range = out.index if out is not None else -1
             for i, (t, h, w) in enumerate(zip(self.tensors, self.hosts, self.writes,
                                               strict=True)):
-                if w and t.numel() and i != self._ranged:
+                if w and t.numel() and i != by_range:
                     self.ops.copy(t, h)
                     copied = True
             self._done = self.ops.fence() if copied else None
@@ -414,7 +437,7 @@ class StagingHandoff:
         for buf, w in zip(bufs, self.writes, strict=True):
             if buf is not None:
                 self.pool.give(buf, fence if w else None)
-        self.hosts = self._flat = None  # device tensors again; drop host references
+        self._drop_views()  # device tensors again; drop host references
 
     def discard(self) -> None:
         """The op failed or never ran: its buffers go back to the pool fenced behind every
@@ -428,7 +451,13 @@ class StagingHandoff:
             for buf in bufs:
                 if buf is not None:
                     self.pool.give(buf, fence)
-        self.hosts = self._flat = None
+        self._drop_views()
+
+    def _drop_views(self) -> None:
+        self.hosts = None
+        for ranged in (self._in, self._out):
+            if ranged is not None:
+                ranged.flat = None
 
     def _unpend(self) -> None:
         if self._pending is not None and self._written:

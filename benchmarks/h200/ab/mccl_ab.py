@@ -54,8 +54,10 @@ session); ``sockbuf=N``: the SO_SNDBUF/SO_RCVBUF every data socket asks for
 is asked for and the kernel's autotuning sizes them); ``grid_min=N``: all-reduces and flat
 all-gathers and reduce-scatters use grids only in groups of at least N ranks
 (``grid.MIN_RANKS``; a huge N: the ring only, as before the thirtieth session);
-``flat_ranges=0``: staged flat all-gathers and reduce-scatters copy their large tensor
-whole, as before the fifty-fifth session (all-reduces still copy piece by piece).
+``flat_ranges=0``: staged flat all-gathers and reduce-scatters copy their tensors whole, as
+before the fifty-fifth session (all-reduces still copy piece by piece); ``own_ranges=0``:
+they copy only the large tensor piece by piece and the one that holds this rank's segment
+(the all-gather's input, the reduce-scatter's output) whole, as in the fifty-fifth session.
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -253,7 +255,15 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
     if key == "flat_ranges":
         coll = importlib.import_module("mccl.collectives")
         ranges = coll._flat_ranges
-        return coll, "_flat_ranges", ranges if value else (lambda *args: None)
+        return coll, "_flat_ranges", ranges if value else (lambda *args, **kw: None)
+    if key == "own_ranges":
+        coll = importlib.import_module("mccl.collectives")
+        ranges = coll._flat_ranges
+
+        def whole_own(*args, own: bool = False):
+            return None if own else ranges(*args)
+
+        return coll, "_flat_ranges", ranges if value else whole_own
     raise KeyError(f"unknown A/B key {key!r}")
 
 
