@@ -889,10 +889,12 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         assert torch.equal(seen[0], torch.cat([vals(r) for r in range(world)])), (m, dtype)
         return staged("all_gather", [d for d, _ in ops.copies[before:]], out, inp)
 
-    def reduce_scatter(m: int, dtype: torch.dtype,
-                       op=dist.ReduceOp.SUM) -> tuple[bool, bool]:
+    def reduce_scatter(m: int, dtype: torch.dtype, op=dist.ReduceOp.SUM,
+                       in_place: bool = False) -> tuple[bool, bool]:
         vals = lambda r: (torch.arange(world * m) % 97 + r).to(dtype)  # noqa: E731
-        inp, out = torch.zeros(world * m, dtype=dtype), torch.zeros(m, dtype=dtype)
+        inp = torch.zeros(world * m, dtype=dtype)
+        # in place: the output's pieces are copied back over the input's own part
+        out = inp[rank * m:(rank + 1) * m] if in_place else torch.zeros(m, dtype=dtype)
         _produce(ops, inp, vals(rank), delay=0.02)
         before = len(ops.copies)
         dist.reduce_scatter_tensor(out, inp, op=op, async_op=True).wait()
@@ -916,6 +918,7 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         "ag own small": all_gather(30_001, torch.float32),  # an input of 120 KB
         "rs": reduce_scatter(50_001, torch.float32),
         "rs max": reduce_scatter(30_007, torch.int64, dist.ReduceOp.MAX),
+        "rs in place": reduce_scatter(50_001, torch.float32, in_place=True),
         "rs complex": reduce_scatter(25_001, torch.complex64),  # as (real, imaginary) pairs
         "ag complex": all_gather(12_501, torch.complex128),
         "rs f16": reduce_scatter(60_001, torch.float16),  # reduced in a float32 copy: whole
@@ -926,7 +929,7 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
     assert got == {
         "small": whole, "ag": both, "ag in place": both,
         "ag bf16": big_only,  # an input of 90 KB is below the threshold
-        "ag f64": both, "ag own small": big_only, "rs": both, "rs max": both,
+        "ag f64": both, "ag own small": big_only, "rs": both, "rs max": both, "rs in place": both,
         "rs complex": both, "ag complex": both, "rs f16": whole, "uncut": (whole, whole)}
     dist.barrier()
     return "ok"
