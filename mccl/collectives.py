@@ -253,21 +253,36 @@ def _cut_ranges(plan: ring.CopyPlan, w: int) -> tuple[tuple[int, int], ...] | No
 
 
 def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool, own: bool,
-                act: Callable[[int], None]) -> ring.ChunkHook:
+                act: Callable[[int], None],
+                convert: Callable[[int, int], None] | None = None) -> ring.ChunkHook:
     """The chunk hook of a staged flat all-gather or reduce-scatter on ``ring.copy_plan`` (the
     ring's segments and chunks are the all-reduce's for the same ``n`` items): ``act(p)``
     once the chunk that ends piece p is final (``ends``), else before the chunk that begins
     piece p is read. ``own``: on the plan of this rank's segment alone, for a tensor that
-    holds just that segment (``ring.copy_plan``)."""
+    holds just that segment (``ring.copy_plan``). ``convert(a, b)``: every chunk's items
+    (from the tensor's start) between the half type the tensor holds and the float32 the
+    ring runs in, after the wait for its piece or before its copy back."""
     plan = ring.copy_plan(n, ch.size, ch.rank, itemsize, cap=ch.chunk_cap, own=own)
     marks = plan.ends if ends else plan.starts
+    if convert is None:
+        def hook(s: int, j: int) -> None:
+            p = marks[s][j]
+            if p >= 0:
+                act(p)
 
-    def hook(s: int, j: int) -> None:
+        return hook
+    cuts, base = plan.cuts, plan.cuts[ch.rank][0] if own else 0
+
+    def converting(s: int, j: int) -> None:
         p = marks[s][j]
+        if ends:
+            convert(cuts[s][j] - base, cuts[s][j + 1] - base)
         if p >= 0:
             act(p)
+        if not ends:
+            convert(cuts[s][j] - base, cuts[s][j + 1] - base)
 
-    return hook
+    return converting
 
 
 def _flat_ranges(n: int, itemsize: int, w: int, r: int, cap: int,
@@ -422,7 +437,7 @@ class ReduceScatter:
     cheaper per op than a torch slice and view per rank). Inputs are only read (no copy of
     them, except the float32 copy that half types reduce in); half types round once. Staged
     (``stage``): the input's pieces are waited for before the ring first reads them and the
-    output's copied back as they become final."""
+    output's copied back as they become final (half types: converted chunk by chunk)."""
 
     #: A staged hand-off may copy the flat form's input and output range by range
     #: (``AllReduce``).
@@ -438,14 +453,15 @@ class ReduceScatter:
         self._ready: ring.ChunkHook = None  # a staged op's wait for its input's pieces
         self._final: ring.ChunkHook = None  # and its copy back of its output's pieces
         self._staged: frozenset[int] = frozenset()
+        self._work: torch.Tensor | None = None  # a staged half type's float32 output
 
     def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
-        """Half types reduce in a float32 copy of the whole input: copied whole."""
         t = tensors[1]
-        if not self.flat or t.dtype in UPCAST:
+        if not self.flat:
             return None
-        return _flat_ranges(t.numel(), t.element_size(), w, r, cap, own=index == 0)
+        size = (UPCAST.get(t.dtype) or t.dtype).itemsize  # the ring's chunks are float32's
+        return _flat_ranges(t.numel(), size, w, r, cap, own=index == 0)
 
     def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
         self.io, self._staged = io, staged
@@ -454,15 +470,12 @@ class ReduceScatter:
         out = hosts[0] if self.flat else hosts[-1]
         up = UPCAST.get(out.dtype)
         if self.flat:
-            arr = _readable(hosts[1], up)
-            cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
             if self.io is not None:
-                assert not cols and up is None, "a staged reduce-scatter runs the plain ring"
-                n, size = arr.shape[0], arr.itemsize
-                if 1 in self._staged:
-                    self._ready = _piece_hook(ch, n, size, False, False, self.io.wait_range)
-                if 0 in self._staged:
-                    self._final = _piece_hook(ch, n, size, True, True, self.io.copy_back)
+                arr = self._stage_hooks(ch, out, hosts[1], up, self.io)
+            else:
+                arr = _readable(hosts[1], up)
+            cols = _grid_columns(ch, arr.shape[0], arr.itemsize)
+            assert not (cols and self.io), "a staged reduce-scatter runs the plain ring"
         else:
             src = [_readable(t, up) for t in hosts[:-1]]
             cols = _list_grid_columns(ch, src)
@@ -481,7 +494,9 @@ class ReduceScatter:
         assert self._parts is not None, "finish before start"
         out, src = self._parts
         up = UPCAST.get(out.dtype)
-        work = torch.empty(out.numel(), dtype=up) if up is not None else out
+        work = self._work
+        if work is None:
+            work = torch.empty(out.numel(), dtype=up) if up is not None else out
         fn, fin = reducer(self.op, work.dtype), finisher(self.op, ch.size)
         if self._grid is not None:
             arr, cols = self._grid
@@ -489,8 +504,30 @@ class ReduceScatter:
         else:
             ring.reduce_scatter(ch, src, as_array(work), fn, fin, self.scratch, started=True,
                                 ready=self._ready, final=self._final)
-        if up is not None:
+        if up is not None and self._final is None:  # (else rounded chunk by chunk)
             out.reshape(-1).copy_(work)
+
+    def _stage_hooks(self, ch: Channel, out: torch.Tensor, inp: torch.Tensor,
+                     up: torch.dtype | None, io: SegmentIO) -> np.ndarray:
+        """A staged op's chunk hooks for the tensors copied by piece (``stage``), and the
+        input as the ring reads it: a half type's float32 copy is made chunk by chunk, after
+        each piece's wait (else at once), and its float32 result rounded chunk by chunk
+        before each piece's copy back."""
+        flat_in, flat_out = inp.reshape(-1), out.reshape(-1)
+        work_in = torch.empty(flat_in.numel(), dtype=up) if up is not None else flat_in
+        n, size = work_in.numel(), work_in.element_size()
+        if 1 in self._staged:
+            upcast = None if up is None else (
+                lambda a, b: work_in[a:b].copy_(flat_in[a:b]))
+            self._ready = _piece_hook(ch, n, size, False, False, io.wait_range, upcast)
+        elif up is not None:
+            work_in.copy_(flat_in)
+        if 0 in self._staged:
+            work = self._work = torch.empty(flat_out.numel(), dtype=up) if up else None
+            round_down = None if work is None else (
+                lambda a, b: flat_out[a:b].copy_(work[a:b]))
+            self._final = _piece_hook(ch, n, size, True, True, io.copy_back, round_down)
+        return as_array(work_in)
 
 
 class AllGather:

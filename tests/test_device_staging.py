@@ -862,10 +862,9 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         def count(tensor: torch.Tensor, way: str, own: bool) -> bool:
             if op == "all_gather":
                 ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap, own=own)
-            else:
-                ranges = (None if big.dtype in collectives.UPCAST else
-                          collectives._flat_ranges(big.numel(), big.element_size(), world,
-                                                   rank, cap, own=own))
+            else:  # (half types: chunks as float32's, the dtype the ring runs in)
+                size = (collectives.UPCAST.get(big.dtype) or big.dtype).itemsize
+                ranges = collectives._flat_ranges(big.numel(), size, world, rank, cap, own=own)
             n = copies.count(way)
             ranged = (tensor.numel() * tensor.element_size() >= staging.PIPELINE_MIN_BYTES
                       and ranges is not None)
@@ -921,7 +920,10 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         "rs in place": reduce_scatter(50_001, torch.float32, in_place=True),
         "rs complex": reduce_scatter(25_001, torch.complex64),  # as (real, imaginary) pairs
         "ag complex": all_gather(12_501, torch.complex128),
-        "rs f16": reduce_scatter(60_001, torch.float16),  # reduced in a float32 copy: whole
+        # half types: reduced in float32, converted chunk by chunk
+        "rs f16": reduce_scatter(100_001, torch.float16),
+        "rs bf16 max": reduce_scatter(80_003, torch.bfloat16, dist.ReduceOp.MAX),
+        "rs bf16 small": reduce_scatter(50_001, torch.bfloat16),  # an output of 100 KB
     }
     ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: copied whole
     got["uncut"] = (all_gather(50_001, torch.float32), reduce_scatter(50_001, torch.float32))
@@ -930,7 +932,8 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         "small": whole, "ag": both, "ag in place": both,
         "ag bf16": big_only,  # an input of 90 KB is below the threshold
         "ag f64": both, "ag own small": big_only, "rs": both, "rs max": both, "rs in place": both,
-        "rs complex": both, "ag complex": both, "rs f16": whole, "uncut": (whole, whole)}
+        "rs complex": both, "ag complex": both, "rs f16": both, "rs bf16 max": both,
+        "rs bf16 small": big_only, "uncut": (whole, whole)}
     dist.barrier()
     return "ok"
 
