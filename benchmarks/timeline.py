@@ -160,20 +160,27 @@ def netstat() -> dict[str, int]:
 
 def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
               backend: str = "mccl", addrs: list[str] | None = None,
-              barrier: bool = False) -> None:
+              barrier: bool = False, device: str = "cpu") -> None:
     """One rank (run by run_ranks, group already up): warm up, then trace ``reps`` back-to-back
     ops of ``size`` bytes (all_gather: the gathered output, reduce_scatter: the full input, as
     the bench counts them) and write the trace to ``out``. With gloo the op times, the
     namespace's TCP counters and its sockets' TCP_INFO are recorded (found through ``addrs``,
     the hosts' addresses; its chunks are not reachable). ``barrier``: every op starts after a
-    barrier on a separate gloo group, as each of the bench's one-op samples does."""
+    barrier on a separate gloo group, as each of the bench's one-op samples does. ``device``:
+    where the tensors live (``cuda``: the GPU of index rank % GPUs, copied through the host
+    by the backend; an op's end is when the call returned, as the bench's back-to-back runs
+    count it)."""
     import torch
     import torch.distributed as dist
 
     now = time.monotonic
     events: list[tuple] = []
-    full = torch.ones(size // 4 // world * world)
-    part = torch.ones(full.numel() // world)
+    dev = torch.device("cpu")
+    if device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    full = torch.ones(size // 4 // world * world, device=dev)
+    part = torch.ones(full.numel() // world, device=dev)
     run = {"all_reduce": lambda: dist.all_reduce(full),
            "all_gather": lambda: dist.all_gather_into_tensor(full, part),
            "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full)}[op]
@@ -210,6 +217,8 @@ def rank_main(rank: int, world: int, op: str, size: int, reps: int, out: str,
     stop.set()
     if sampler is not None:
         sampler.join(1.0)
+    if device == "cuda":
+        torch.cuda.synchronize()
     tcp1, use1, t1 = netstat(), resource.getrusage(resource.RUSAGE_SELF), now()
     cpu = {"wall_s": t1 - t0, "user_s": use1.ru_utime - use0.ru_utime,
            "sys_s": use1.ru_stime - use0.ru_stime,
@@ -541,6 +550,8 @@ def main() -> int:
     ap.add_argument("--backend", default="mccl", choices=["mccl", "gloo"],
                     help="gloo: op times and TCP counters only, for comparison")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the tensors live (cuda: through the backend's copies)")
     ap.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket in bytes (default: the cluster's)")
     ap.add_argument("--cc", default=None,
@@ -573,11 +584,13 @@ def main() -> int:
         drops0, softnet0 = c.drops(), softnet_drops()
         addrs = [c.addr(i) for i in range(args.hosts)]
         run_ranks(rank_main, args.hosts, args.op, size, args.reps, str(args.out),
-                  args.backend, addrs, args.barrier, backend=args.backend, timeout=args.timeout,
+                  args.backend, addrs, args.barrier, args.device, backend=args.backend,
+                  timeout=args.timeout,
                   pg_timeout_s=PG_TIMEOUT_S, hosts=Hosts(tuple(c.hosts), c.addr(0), c.iface))
         drops1, softnet1 = c.drops(), softnet_drops()
     summary = summarize(args.out, bps, link_bytes(args.op, size, args.hosts))
     summary.update(op=args.op, size=size, rate=args.rate, hosts=args.hosts, backend=args.backend,
+                   device=args.device,
                    tbf_burst=args.burst, barrier=args.barrier, cc=c.cc,
                    rx_steering=c.steer,
                    **{f"{where}_drops_during_run": {ns: count - drops0[where].get(ns, 0)

@@ -2,10 +2,10 @@
 # Design A/B on the 10 Gbit emulated cluster: the same all-reduce bench once per variant of
 # mccl's named constants (benchmarks/h200/ab/sitecustomize.py sets them from MCCL_AB), gloo
 # once per world size, then per-chunk timelines (benchmarks/timeline.py). One device call
-# (OPS, SIZES, WORLDS, DEVICE pick the bench, BENCH_ARGS adds bench options such as
-# "--queue 4"; RATE the links' rate (default 10gbit); BURST the links' tbf bucket in bytes;
-# TCP_CC every host's TCP congestion control (default: the machine's); STEER=on RPS on every
-# link (bench --rx-steering); TL_RUNS, TL_VARIANTS,
+# (OPS, SIZES, WORLDS, DEVICE pick the bench, DEVICE also the timelines' tensors; BENCH_ARGS
+# adds bench options such as "--queue 4"; RATE the links' rate (default 10gbit); BURST the
+# links' tbf bucket in bytes; TCP_CC every host's TCP congestion control (default: the
+# machine's); STEER=on RPS on every link (bench --rx-steering); TL_RUNS, TL_VARIANTS,
 # TL_GLOO=1, TL_HOSTS (default 4) the timelines; TL_RUNS=none skips them):
 #
 #   bash benchmarks/h200/ab.sh "name:key=v,key=v" ...     (results in $OUT/ab_results.tar.gz)
@@ -61,6 +61,7 @@ for v in ${TL_VARIANTS:-base:}; do
         MCCL_AB="${v#*:}" PYTHONPATH="$REPO/benchmarks/h200/ab${PYTHONPATH:+:$PYTHONPATH}" \
             timeout --kill-after=10 "$lim" "$PY" benchmarks/timeline.py --hosts "${TL_HOSTS:-4}" \
             --rate "${RATE:-10gbit}" --op "$op" --size "$s" --reps 12 --backend "$b" --out "$out" \
+            --device "$DEVICE" \
             ${BURST:+--burst $BURST} ${TCP_CC:+--cc $TCP_CC} ${STEER:+--rx-steering $STEER} \
             >"$out.log" 2>&1
         echo "timeline $name $op $s:" >>"$RES/summary.txt"
