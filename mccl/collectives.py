@@ -196,31 +196,23 @@ class AllReduce:
         red.commit()
 
     def _start_staged(self, ch: Channel, t: torch.Tensor, io: SegmentIO) -> None:
-        w, r = ch.size, ch.rank
-        if w == 1:
+        if ch.size == 1:
             return  # a reduction over one rank leaves the tensor as it is: nothing to copy
         flat = t.reshape(-1)
         up = UPCAST.get(t.dtype)
         work = torch.empty(flat.numel(), dtype=up) if up is not None else flat
-        plan = staging_plan(t, w, r, ch.chunk_cap)
-        cuts = plan.cuts
-
-        def ready(s: int, j: int) -> None:
-            p = plan.starts[s][j]
-            if p >= 0:
-                io.wait_range(p)
-            if up is not None:
-                a, b = cuts[s][j], cuts[s][j + 1]
+        upcast = downcast = None
+        if up is not None:
+            def upcast(a: int, b: int) -> None:
                 work[a:b].copy_(flat[a:b])
 
-        def final(s: int, j: int) -> None:
-            if up is not None:
-                a, b = cuts[s][j], cuts[s][j + 1]
+            def downcast(a: int, b: int) -> None:
                 flat[a:b].copy_(work[a:b])
-            p = plan.ends[s][j]
-            if p >= 0:
-                io.copy_back(p)
 
+        # on staging_plan's pieces (chunked in the dtype the ring runs in)
+        n, size = flat.numel(), work.element_size()
+        ready = _piece_hook(ch, n, size, False, False, io.wait_range, upcast)
+        final = _piece_hook(ch, n, size, True, False, io.copy_back, downcast)
         self._staged = (work, ready, final)
         ring.all_reduce_start(ch, as_array(work), ready=ready)
 
@@ -255,34 +247,27 @@ def _cut_ranges(plan: ring.CopyPlan, w: int) -> tuple[tuple[int, int], ...] | No
 def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool, own: bool,
                 act: Callable[[int], None],
                 convert: Callable[[int, int], None] | None = None) -> ring.ChunkHook:
-    """The chunk hook of a staged flat all-gather or reduce-scatter on ``ring.copy_plan`` (the
-    ring's segments and chunks are the all-reduce's for the same ``n`` items): ``act(p)``
-    once the chunk that ends piece p is final (``ends``), else before the chunk that begins
-    piece p is read. ``own``: on the plan of this rank's segment alone, for a tensor that
-    holds just that segment (``ring.copy_plan``). ``convert(a, b)``: every chunk's items
-    (from the tensor's start) between the half type the tensor holds and the float32 the
-    ring runs in, after the wait for its piece or before its copy back."""
+    """The chunk hook of a staged op on ``ring.copy_plan`` (a flat all-gather's or
+    reduce-scatter's ring cuts its segments and chunks as the all-reduce does for the same
+    ``n`` items): ``act(p)`` once the chunk that ends piece p is final (``ends``), else
+    before the chunk that begins piece p is read. ``own``: on the plan of this rank's segment
+    alone, for a tensor that holds just that segment (``ring.copy_plan``). ``convert(a, b)``:
+    every chunk's items (from the tensor's start) between the half type the tensor holds and
+    the float32 the ring runs in, after the wait for its piece or before its copy back."""
     plan = ring.copy_plan(n, ch.size, ch.rank, itemsize, cap=ch.chunk_cap, own=own)
     marks = plan.ends if ends else plan.starts
-    if convert is None:
-        def hook(s: int, j: int) -> None:
-            p = marks[s][j]
-            if p >= 0:
-                act(p)
-
-        return hook
     cuts, base = plan.cuts, plan.cuts[ch.rank][0] if own else 0
 
-    def converting(s: int, j: int) -> None:
+    def hook(s: int, j: int) -> None:
         p = marks[s][j]
-        if ends:
+        if convert is not None and ends:
             convert(cuts[s][j] - base, cuts[s][j + 1] - base)
         if p >= 0:
             act(p)
-        if not ends:
+        if convert is not None and not ends:
             convert(cuts[s][j] - base, cuts[s][j + 1] - base)
 
-    return converting
+    return hook
 
 
 def _flat_ranges(n: int, itemsize: int, w: int, r: int, cap: int,

@@ -298,7 +298,7 @@ def reduce_scatter(ch: Channel, src: list[np.ndarray], out: np.ndarray, reduce: 
             if ready is not None:
                 ready(x, j)
             if not c_in.size:
-                pass
+                pass  # nothing to receive; its hooks still run
             elif not last and n_pool and ch.passed(nxt, tickets[turn]):
                 hot = slots[turn][:c_in.shape[0]]
                 ch.recv(prv, hot)
