@@ -2,12 +2,18 @@
 
     python benchmarks/oppath.py --world 4 --op all_reduce --size 1M [--device cuda] [--async]
         [--variants "new:;old:inline_cuda=0,gpu_wait=0"] [--profile] [--hosts 8 --rate 10gbit]
+        [--stream]
 
 Stages (microseconds from the ``torch.distributed`` call): the process group entered (its
 shared all-gather / reduce-scatter body for those),
 ``Engine.submit``, ``Engine._execute`` (on the caller's thread when the op runs inline, else on
-the comm thread), the op's body, its first send, ``Work.wait`` returned / the call returned.
-Each op runs after a barrier, so what a previous op left on the wire is not counted. The ranks
+the comm thread), a staged (device) hand-off's copies out enqueued and waited for, the op's
+body, its first send, its last receive, the staged hand-off's release begun, the hand-off
+released (copies back enqueued), the call (and ``Work.wait``) returned, and returned = that plus the
+device's sync. Each op runs after a barrier, so what a previous op left on the wire is not
+counted; ``--stream`` runs them back to back instead, as the bench does (no barrier, no
+device sync per op: a device copy left by one op delays the next), and adds the period
+between calls. The ranks
 are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link),
 or with ``--hosts N`` one per emulated host of a cluster (root and iproute2), as the bench's
 cluster runs place them.
@@ -38,7 +44,8 @@ from mccl.bench.spawn import run_ranks  # noqa: E402
 #: The process group method each torch.distributed call reaches.
 PG_METHODS = {"all_reduce": "allreduce", "all_gather": "_allgather_flat",
               "reduce_scatter": "_reduce_scatter_flat"}
-STAGES = ("pg", "submit", "execute", "body", "first_send", "last_got", "returned")
+STAGES = ("pg", "submit", "execute", "staged", "copied", "body", "first_send", "last_got",
+          "release", "released", "called", "returned")
 WARMUP_OPS = 10
 ROUNDS = 4  # with --variants: each variant runs reps/ROUNDS ops per round
 PROFILE_ROWS = 30  # functions listed by --profile
@@ -55,7 +62,8 @@ def _stamping(fn, st: dict[str, float], now):
 
 
 def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
-          async_op: bool, variants: list[tuple[str, str]], profile: bool = False) -> dict:
+          async_op: bool, variants: list[tuple[str, str]], profile: bool = False,
+          stream: bool = False) -> dict:
     import cProfile
     import io
     import pstats
@@ -66,6 +74,8 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
     import torch.distributed as dist
 
     from mccl import engine
+    from mccl.device import staging
+    from mccl.transport.mesh import Mesh
 
     warnings.simplefilter("ignore", FutureWarning)  # deprecated *_tensor names: same path
     now = time.perf_counter
@@ -91,6 +101,13 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
     stamp(engine.Engine, "submit", "submit")
     stamp(engine.Engine, "_execute", "execute", wrap_body=True)
     stamp(engine.OpChannel, "send", "first_send")
+    end0 = Mesh.end_op
+
+    def end_op(self):  # "released": the op's hand-off released (its copies back enqueued)
+        st["released"] = now()
+        return end0(self)
+
+    Mesh.end_op = end_op
     recv0 = engine.OpChannel.recv
 
     def recv(self, peer, buf):  # "last_got": when the op's last receive returned
@@ -98,6 +115,29 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
         st["last_got"] = now()
 
     engine.OpChannel.recv = recv
+    # A staged (device) hand-off: its copies out enqueued, their wait over (and whether it
+    # first slept on the producer's marker), its release begun.
+    handoff = staging.StagingHandoff
+    stage_out0, acquire0, await0 = handoff._stage_out, handoff.acquire, handoff._await
+
+    def stage_out(self):
+        stage_out0(self)
+        st["staged"] = now()
+
+    def acquire(self):
+        hosts = acquire0(self)
+        st["copied"] = now()
+        return hosts
+
+    def await_(self, fence):
+        if not self._ready_slept:
+            slept[0] += self._ready is not None and not self._ready.query()
+            slept[1] += 1
+        await0(self, fence)
+
+    slept = [0, 0]
+    handoff._stage_out, handoff.acquire, handoff._await = stage_out, acquire, await_
+    stamp(handoff, "release", "release")
     dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
     n = element_count(op, size, world, 4)
     full = torch.ones(n, device=dev)
@@ -108,8 +148,11 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
 
     prof: cProfile.Profile | None = None  # made after the warm-up: the timed ops only
 
+    last_start = [0.0]
+
     def one() -> dict[str, float]:
-        dist.barrier()
+        if not stream:
+            dist.barrier()
         st.clear()
         t0 = now()
         if prof is not None:
@@ -117,12 +160,16 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
         w = run()
         if w is not None:
             w.wait()
+        st["called"] = now()
         if prof is not None:
             prof.disable()
-        if device == "cuda":
+        if device == "cuda" and not stream:
             torch.cuda.current_stream(dev).synchronize()
         t1 = now()
-        return {k: (v - t0) * 1e6 for k, v in st.items()} | {"returned": (t1 - t0) * 1e6}
+        period = {"period": (t0 - last_start[0]) * 1e6} if stream else {}
+        last_start[0] = t0
+        return ({k: (v - t0) * 1e6 for k, v in st.items()} | {"returned": (t1 - t0) * 1e6}
+                | period)
 
     for _ in range(WARMUP_OPS):
         one()
@@ -138,8 +185,12 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
                 rows[name] += [one() for _ in range(max(1, reps // rounds))]
             finally:
                 restore()
-    out: dict = {name: {k: statistics.median(r[k] for r in rs) for k in STAGES
+    if device == "cuda":
+        torch.cuda.synchronize()
+    out: dict = {name: {k: statistics.median(r[k] for r in rs) for k in (*STAGES, "period")
                         if all(k in r for r in rs)} for name, rs in rows.items()}
+    if slept[1]:  # (warm-up included)
+        out["_ready_slept"] = f"{slept[0]} of {slept[1]}"
     if prof is not None:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(PROFILE_ROWS)
@@ -156,6 +207,10 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--async", dest="async_op", action="store_true",
                     help="async_op=True and wait() (always on the comm thread)")
+    ap.add_argument("--stream", action="store_true",
+                    help="back to back, as the bench times ops: no barrier and no device "
+                         "sync per op (returned = the call returned; adds the period "
+                         "between calls)")
     ap.add_argument("--variants", default="base:",
                     help='"name:key=v,key=v;name2:..." (keys: benchmarks/h200/ab/mccl_ab.py)')
     ap.add_argument("--json", type=Path)
@@ -170,7 +225,7 @@ def main() -> int:
     variants = [tuple(v.split(":", 1)) for v in a.variants.split(";") if v]
     world = a.hosts or a.world
     args = (_rank, world, a.op, parse_size(a.size), a.reps, a.device, a.async_op, variants,
-            a.profile)
+            a.profile, a.stream)
     timeout = 120 + a.reps * 0.1 * len(variants)
     if a.hosts:
         from mccl.bench.cluster import Cluster
@@ -182,6 +237,7 @@ def main() -> int:
     else:
         res = run_ranks(*args, timeout=timeout)
     profile = res[0].pop("_profile", None)
+    slept = [r.pop("_ready_slept", None) for r in res]
     out = {"world": world, "op": a.op, "size": a.size, "device": a.device,
            "async_op": a.async_op, "variants": a.variants, "hosts": a.hosts,
            "rate": a.rate if a.hosts else None, "stages_us_median": res}
@@ -194,6 +250,9 @@ def main() -> int:
         if world > 1:
             line = " ".join(f"{k}={v:.0f}" for k, v in res[slowest][name].items())
             print(f"    latest first send: rank{slowest} {line}")
+    if any(slept):
+        print("ops whose wait for their copies out first slept on the producer's marker, per "
+              "rank:", ", ".join(f"rank{r} {s}" for r, s in enumerate(slept)))
     if profile:
         print(profile)
     if a.json:

@@ -617,7 +617,8 @@ def test_oppath_stages_in_order_for_each_variant(tmp_path: Path) -> None:
     for rank in doc["stages_us_median"]:
         assert set(rank) == {"a", "b"}
         for stages in rank.values():
-            names = ("pg", "submit", "execute", "body", "first_send", "last_got", "returned")
+            names = ("pg", "submit", "execute", "body", "first_send", "last_got", "released",
+                     "called", "returned")
             assert list(stages) == list(names)
             times = [stages[k] for k in names]
             assert times == sorted(times) and times[0] >= 0
