@@ -9,14 +9,13 @@ shared all-gather / reduce-scatter body for those),
 ``Engine.submit``, ``Engine._execute`` (on the caller's thread when the op runs inline, else on
 the comm thread), a staged (device) hand-off's copies out enqueued and waited for, the op's
 body, its first send, its last receive, the staged hand-off's release begun, the hand-off
-released (copies back enqueued), the call (and ``Work.wait``) returned, and returned = that plus the
-device's sync. Each op runs after a barrier, so what a previous op left on the wire is not
-counted; ``--stream`` runs them back to back instead, as the bench does (no barrier, no
-device sync per op: a device copy left by one op delays the next), and adds the period
-between calls. The ranks
-are local processes on loopback (the fixed cost is Python and thread hand-offs, not the link),
-or with ``--hosts N`` one per emulated host of a cluster (root and iproute2), as the bench's
-cluster runs place them.
+released (copies back enqueued), the call (and ``Work.wait``) returned, and returned = that
+plus the device's sync. Each op runs after a barrier, so what a previous op left on the wire
+is not counted; ``--stream`` runs them back to back instead, as the bench does (no barrier,
+no device sync per op: a device copy left by one op delays the next), and adds the period
+between calls. The ranks are local processes on loopback (the fixed cost is Python and thread
+hand-offs, not the link), or with ``--hosts N`` one per emulated host of a cluster (root and
+iproute2), as the bench's cluster runs place them.
 ``--variants`` compares settings of mccl's constants (keys: benchmarks/h200/ab/mccl_ab.py) in
 one run, interleaved in rounds, so the machine's drift hits them alike. ``--profile`` adds a
 cProfile of rank 0's timed ops (the functions with the most time of their own; the profiler
@@ -81,10 +80,17 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
     now = time.perf_counter
     st: dict[str, float] = {}
 
-    def stamp(owner: object, name: str, label: str, wrap_body: bool = False) -> None:
+    def stamp(owner: object, name: str, label: str, wrap_body: bool = False,
+              after: bool = False) -> None:
+        """Stamp ``label`` when ``owner.name`` is first entered (``after``: each time it
+        returns)."""
         f = getattr(owner, name)
 
         def stamped(*a, **k):
+            if after:
+                got = f(*a, **k)
+                st[label] = now()
+                return got
             st.setdefault(label, now())
             if wrap_body:  # Engine._execute(self, job): stamp the job's body (or start part)
                 job = a[1]
@@ -101,33 +107,16 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
     stamp(engine.Engine, "submit", "submit")
     stamp(engine.Engine, "_execute", "execute", wrap_body=True)
     stamp(engine.OpChannel, "send", "first_send")
-    end0 = Mesh.end_op
-
-    def end_op(self):  # "released": the op's hand-off released (its copies back enqueued)
-        st["released"] = now()
-        return end0(self)
-
-    Mesh.end_op = end_op
-    recv0 = engine.OpChannel.recv
-
-    def recv(self, peer, buf):  # "last_got": when the op's last receive returned
-        recv0(self, peer, buf)
-        st["last_got"] = now()
-
-    engine.OpChannel.recv = recv
+    stamp(Mesh, "end_op", "released")  # the op's hand-off released (copies back enqueued)
+    stamp(engine.OpChannel, "recv", "last_got", after=True)  # the op's last receive returned
     # A staged (device) hand-off: its copies out enqueued, their wait over (and whether it
     # first slept on the producer's marker), its release begun.
     handoff = staging.StagingHandoff
-    stage_out0, acquire0, await0 = handoff._stage_out, handoff.acquire, handoff._await
-
-    def stage_out(self):
-        stage_out0(self)
-        st["staged"] = now()
-
-    def acquire(self):
-        hosts = acquire0(self)
-        st["copied"] = now()
-        return hosts
+    stamp(handoff, "_stage_out", "staged", after=True)
+    stamp(handoff, "acquire", "copied", after=True)
+    stamp(handoff, "release", "release")
+    slept = [0, 0]
+    await0 = handoff._await
 
     def await_(self, fence):
         if not self._ready_slept:
@@ -135,9 +124,7 @@ def _rank(rank: int, world: int, op: str, size: int, reps: int, device: str,
             slept[1] += 1
         await0(self, fence)
 
-    slept = [0, 0]
-    handoff._stage_out, handoff.acquire, handoff._await = stage_out, acquire, await_
-    stamp(handoff, "release", "release")
+    handoff._await = await_
     dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
     n = element_count(op, size, world, 4)
     full = torch.ones(n, device=dev)
