@@ -57,7 +57,10 @@ all-gathers and reduce-scatters use grids only in groups of at least N ranks
 ``flat_ranges=0``: staged flat all-gathers and reduce-scatters copy their tensors whole, as
 before the fifty-fifth session (all-reduces still copy piece by piece); ``own_ranges=0``:
 they copy only the large tensor piece by piece and the one that holds this rank's segment
-(the all-gather's input, the reduce-scatter's output) whole, as in the fifty-fifth session.
+(the all-gather's input, the reduce-scatter's output) whole, as in the fifty-fifth session;
+``cuda_ranks=N`` (bench only, with ``--device cuda``): ranks N and up bench host tensors, so
+only N ranks copy through the shared GPU (with N=1, one rank's staging costs as if every
+host had a GPU of its own, the others' on the host).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+
+#: Where ``cuda_ranks`` notes each rank it moves to host tensors (one line per op and rank).
+CUDA_RANKS_MARKS = "/tmp/mccl_ab_cuda_ranks.txt"
 
 _CONSTANTS = {
     "inline_max": ("mccl.transport.mesh", "INLINE_MAX_BYTES"),
@@ -264,6 +270,21 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
             return None if own else ranges(*args)
 
         return coll, "_flat_ranges", ranges if value else whole_own
+    if key == "cuda_ranks":
+        # The bench's worker runs as __main__, so its own functions cannot be patched from
+        # here; it imports make_case from mccl.bench.ops at every call.
+        ops = importlib.import_module("mccl.bench.ops")
+        make_case = ops.make_case
+
+        def first_on_cuda(op, count, dtype, rank, world, device="cpu", queue=1):
+            if rank >= value:  # this rank's tensors on the host: no GPU copies of its own
+                if device != "cpu":  # (the bench deletes its ranks' logs: a file says so)
+                    with open(CUDA_RANKS_MARKS, "a") as f:
+                        f.write(f"rank {rank} benches {op} on host tensors, not {device}\n")
+                device = "cpu"
+            return make_case(op, count, dtype, rank, world, device, queue)
+
+        return ops, "make_case", first_on_cuda
     raise KeyError(f"unknown A/B key {key!r}")
 
 
