@@ -710,6 +710,25 @@ def test_ab_settings_apply_and_restore() -> None:
         mccl_ab.apply("nope=1")
 
 
+def test_ab_cuda_ranks_reaches_the_bench_worker(tmp_path: Path) -> None:
+    """``MCCL_AB=cuda_ranks=N`` puts ranks N and up on host tensors inside the bench's own
+    rank processes, which run ``mccl.bench.worker`` as ``__main__``: the key's first version
+    patched that module's function, which the running worker never called, and a device
+    run of it measured the defaults."""
+    marks = tmp_path / "marks.txt"
+    env = {**os.environ, "MCCL_AB": "cuda_ranks=1", "MCCL_AB_MARKS": str(marks),
+           "PYTHONPATH": os.pathsep.join(filter(None, [
+               str(REPO / "benchmarks" / "h200" / "ab"), os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl", "--world-sizes", "2",
+            "--sizes", "8", "--ops", "all_gather", "--iters", "2", "--warmup", "1",
+            "--ceiling-seconds", "0.2", "--check", "-q", "--json", str(tmp_path / "r.json")]
+    res = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=BENCH_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = set(marks.read_text().splitlines())
+    assert lines == {"rank 1 benches all_gather on host tensors (asked: cpu)"}, lines
+
+
 def test_ab_hook_applies_where_mccl_is_not_installed(tmp_path: Path) -> None:
     """A process whose only way to mccl is the A/B folder on PYTHONPATH (the ranks that
     ``multiprocessing`` spawns on the device machine, where mccl is not installed, started

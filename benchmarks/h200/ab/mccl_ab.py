@@ -60,16 +60,18 @@ they copy only the large tensor piece by piece and the one that holds this rank'
 (the all-gather's input, the reduce-scatter's output) whole, as in the fifty-fifth session;
 ``cuda_ranks=N`` (bench only, with ``--device cuda``): ranks N and up bench host tensors, so
 only N ranks copy through the shared GPU (with N=1, one rank's staging costs as if every
-host had a GPU of its own, the others' on the host).
+host had a GPU of its own, the others' on the host); each rank it moves adds a line to
+``MCCL_AB_MARKS`` (default ``CUDA_RANKS_MARKS``).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
-#: Where ``cuda_ranks`` notes each rank it moves to host tensors (one line per op and rank).
+#: Where ``cuda_ranks`` notes each rank it puts on host tensors (a line per op and rank).
 CUDA_RANKS_MARKS = "/tmp/mccl_ab_cuda_ranks.txt"
 
 _CONSTANTS = {
@@ -278,9 +280,10 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
 
         def first_on_cuda(op, count, dtype, rank, world, device="cpu", queue=1):
             if rank >= value:  # this rank's tensors on the host: no GPU copies of its own
-                if device != "cpu":  # (the bench deletes its ranks' logs: a file says so)
-                    with open(CUDA_RANKS_MARKS, "a") as f:
-                        f.write(f"rank {rank} benches {op} on host tensors, not {device}\n")
+                # the bench deletes its ranks' logs: a file says that this reached them
+                marks = os.environ.get("MCCL_AB_MARKS", CUDA_RANKS_MARKS)
+                with open(marks, "a") as f:
+                    f.write(f"rank {rank} benches {op} on host tensors (asked: {device})\n")
                 device = "cpu"
             return make_case(op, count, dtype, rank, world, device, queue)
 
