@@ -162,11 +162,12 @@ def test_bench_cli_writes_wellformed_json(tmp_path: Path) -> None:
     assert doc["config"]["min_sample_s"] == 0.05
 
 
-def _small_bench(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _small_bench(out: Path, *args: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """``python -m mccl.bench`` on 2 local ranks, 3 short iterations; (process, JSON)."""
     argv = [sys.executable, "-m", "mccl.bench", "--world-sizes", "2", "--iters", "3",
             "--warmup", "1", "--ceiling-seconds", "0.5", *args, "--json", str(out)]
-    res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+    res = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=BENCH_TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-3000:]
     return res, json.loads(out.read_text())
@@ -719,12 +720,8 @@ def test_ab_cuda_ranks_reaches_the_bench_worker(tmp_path: Path) -> None:
     env = {**os.environ, "MCCL_AB": "cuda_ranks=1", "MCCL_AB_MARKS": str(marks),
            "PYTHONPATH": os.pathsep.join(filter(None, [
                str(REPO / "benchmarks" / "h200" / "ab"), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "mccl.bench", "--backends", "mccl", "--world-sizes", "2",
-            "--sizes", "8", "--ops", "all_gather", "--iters", "2", "--warmup", "1",
-            "--ceiling-seconds", "0.2", "--check", "-q", "--json", str(tmp_path / "r.json")]
-    res = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=BENCH_TIMEOUT_S)
-    assert res.returncode == 0, res.stderr[-3000:]
+    _small_bench(tmp_path / "r.json", "--backends", "mccl", "--sizes", "8", "--ops",
+                 "all_gather", "--check", "-q", env=env)
     lines = set(marks.read_text().splitlines())
     assert lines == {"rank 1 benches all_gather on host tensors (asked: cpu)"}, lines
 
