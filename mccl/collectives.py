@@ -23,17 +23,6 @@ from .reduce import UPCAST, Op, finisher, reducer
 #: ring. benchmarks/threshold.py, 4 ranks: doubling wins up to 1-2 MiB on loopback and 10 Gbit
 #: links (CPU-bound), up to 64-128 KiB on 1 Gbit links (it moves log2(n)x the data per rank).
 SMALL_BYTES = 128 << 10
-#: A staged flat all-gather copies its output back segment by segment, each as soon as it
-#: has arrived, where segments hold at least this many bytes even if the ring does not cut
-#: them into pieces (``_flat_ranges``): whole, the copy back of the entire output waited
-#: after the last receive. A copy back costs only its enqueue, made while the next segment
-#: is on the wire. 10 Gbit emulated hosts sharing an H100, CUDA tensors (call_s59a/): 1 MB
-#: on 4 hosts 78.0-80.4 % of the link against 71.5-77.6 whole, 4 MB on 8 hosts 99.4-100.2
-#: against 96.3-96.6. Not the reduce-scatter's input: its copies out by segment each cost
-#: a fence and a wait before the sends that read them (1 MB on 4 hosts read 63.9-68.7 %
-#: against 73.2-75.1 whole). 4 MiB or more: only where cut, as before the fifty-ninth
-#: session.
-FLAT_SEGMENT_MIN_BYTES = 128 << 10
 #: The same switch for broadcast (binomial tree vs pipelined chain): the tree's root sends
 #: log2(n) full copies, so the chain wins from 16-32 KiB on 1 Gbit, and loopback from ~2 MiB.
 BROADCAST_SMALL_BYTES = 64 << 10
@@ -53,11 +42,6 @@ class StagedByRange(Protocol):
 
     ranged: tuple[int, ...]  # those tensors' indices among the op's tensors
     in_bytes: bool  # their ranges count bytes, not elements
-
-    def min_bytes(self, index: int) -> int | None:
-        """The smallest tensor ``index`` that ``StagingHandoff.pipeline`` considers (None:
-        its default)."""
-        ...
 
     def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
@@ -170,9 +154,6 @@ class AllReduce:
     #: The tensor a staged hand-off may copy range by range (``StagingHandoff.pipeline``),
     #: and whether its ranges count bytes.
     ranged, in_bytes = (0,), False
-
-    def min_bytes(self, index: int) -> int | None:
-        return None
 
     def ranges(self, tensors: list[torch.Tensor], index: int, w: int, r: int,
                cap: int) -> tuple[tuple[int, int], ...] | None:
@@ -289,19 +270,16 @@ def _piece_hook(ch: Channel, n: int, itemsize: int, ends: bool, own: bool,
     return hook
 
 
-def _flat_ranges(n: int, itemsize: int, w: int, r: int, cap: int, own: bool = False,
-                 by_segment: bool = False) -> tuple[tuple[int, int], ...] | None:
+def _flat_ranges(n: int, itemsize: int, w: int, r: int, cap: int,
+                 own: bool = False) -> tuple[tuple[int, int], ...] | None:
     """The ranges a staged flat all-gather (bytes) or reduce-scatter (elements) copies its
     large tensor in (``own``: the tensor holding segment r only, as ranges of it: the
     all-gather's input, the reduce-scatter's output), or None (copied whole): one rank, the
     grid (``_grid_columns``), whose order is not the ring's, or segments not cut into pieces
-    (``staging_ranges``; ``own``: segment r) unless ``by_segment`` and they hold
-    ``FLAT_SEGMENT_MIN_BYTES``."""
+    (``staging_ranges``; ``own``: segment r)."""
     if w == 1 or grid.columns(n, w, itemsize, cap):
         return None
     plan = ring.copy_plan(n, w, r, itemsize, cap=cap, own=own)
-    if by_segment and n // w * itemsize >= FLAT_SEGMENT_MIN_BYTES:
-        return plan.ranges
     return _cut_ranges(plan, 1 if own else w)
 
 
@@ -449,7 +427,6 @@ class ReduceScatter:
     #: A staged hand-off may copy the flat form's input and output range by range
     #: (``AllReduce``).
     ranged, in_bytes = (1, 0), False
-    min_bytes = AllReduce.min_bytes
 
     def __init__(self, op: Op, scratch: Scratch, flat: bool):
         self.op = op
@@ -546,11 +523,8 @@ class AllGather:
     final."""
 
     #: A staged hand-off may copy the flat form's output back and its input out range by
-    #: range, in bytes (``AllReduce``; the output from ``FLAT_SEGMENT_MIN_BYTES``).
+    #: range, in bytes (``AllReduce``).
     ranged, in_bytes = (0, 1), True
-
-    def min_bytes(self, index: int) -> int | None:
-        return FLAT_SEGMENT_MIN_BYTES if index == 0 else None
 
     def __init__(self, flat: bool):
         self.flat = flat
@@ -567,8 +541,7 @@ class AllGather:
         t = tensors[0]
         if not self.flat:
             return None
-        return _flat_ranges(t.numel() * t.element_size(), 1, w, r, cap, own=index == 1,
-                            by_segment=index == 0)
+        return _flat_ranges(t.numel() * t.element_size(), 1, w, r, cap, own=index == 1)
 
     def stage(self, io: SegmentIO, staged: frozenset[int]) -> None:
         self.io, self._staged = io, staged

@@ -515,7 +515,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             staged = frozenset(
                 i for i in segmented.ranged
                 if pipeline(lambda i=i: segmented.ranges(tensors, i, w, r, cap), i,
-                            segmented.in_bytes, segmented.min_bytes(i)))
+                            segmented.in_bytes))
             if staged:
                 segmented.stage(handoff, staged)
         devices = [device] if device is not None and device.type == "cuda" else None

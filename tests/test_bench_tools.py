@@ -696,16 +696,19 @@ def test_ab_settings_apply_and_restore() -> None:
     assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20, own=True) is None
     undo()
     assert collectives._flat_ranges is flat
-    undo = mccl_ab.apply("flat_seg_min=4194304")  # as before: uncut segments copied whole
-    assert collectives._flat_ranges(1 << 20, 1, 4, 0, 256 << 10, by_segment=True) is None
-    undo()
-    assert len(collectives._flat_ranges(1 << 20, 1, 4, 0, 256 << 10, by_segment=True)) == 4
     undo = mccl_ab.apply("own_ranges=0")
     assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20, own=True) is None
     assert collectives._flat_ranges(1 << 30, 4, 8, 1, 4 << 20) == flat(1 << 30, 4, 8, 1,
                                                                          4 << 20)
     undo()
     assert collectives._flat_ranges is flat
+    from mccl.device.cuda import CudaOps
+
+    ready = CudaOps.ready
+    undo = mccl_ab.apply("ready_spin=1")  # (builds no event: nothing here calls it)
+    assert CudaOps.ready is not ready
+    undo()
+    assert CudaOps.ready is ready
     interval = sys.getswitchinterval()
     undo = mccl_ab.apply("switch=250")
     assert sys.getswitchinterval() == pytest.approx(250e-6)

@@ -237,8 +237,8 @@ def _ranged_gather_scatter(rank: int, world: int) -> bool:
     ranged: list[tuple[str, int]] = []
     orig = staging.StagingHandoff.pipeline
 
-    def counted(self, ranges, index=0, in_bytes=False, min_bytes=None):
-        got = orig(self, ranges, index, in_bytes, min_bytes)
+    def counted(self, ranges, index=0, in_bytes=False):
+        got = orig(self, ranges, index, in_bytes)
         if got:  # this op copied its tensor ``index`` range by range
             ranged.append(("all_gather" if in_bytes else "reduce_scatter", index))
         return got
@@ -271,17 +271,11 @@ def _ranged_gather_scatter(rank: int, world: int) -> bool:
         want = parts.max(0).values if op == dist.ReduceOp.MAX else parts.sum(0)
         assert torch.equal(got, want.to(dtype)), (m, dtype, op)
 
-    all_gather(10_000, torch.float32)  # 40 KB segments, below FLAT_SEGMENT_MIN_BYTES: whole
+    shipped = staging.PIPELINE_MIN_BYTES
+    staging.PIPELINE_MIN_BYTES = 1 << 20  # test hook: ranges from 1 MiB
+    all_gather(10_000, torch.float32)  # below the threshold: whole copies
     reduce_scatter(10_000, torch.float32)
     assert ranged == []
-    # 400 KB segments, not cut in pieces: the all-gather's output segment by segment, the
-    # rest whole
-    all_gather(100_003, torch.float32)
-    reduce_scatter(100_003, torch.float32)
-    assert ranged == [("all_gather", 0)]
-    del ranged[:]
-    shipped = staging.PIPELINE_MIN_BYTES  # (the floor of the tensors not copied by segment)
-    staging.PIPELINE_MIN_BYTES = 1 << 20  # test hook: ranges from 1 MiB
     all_gather(1_000_003, torch.float32)
     all_gather(1_500_001, torch.bfloat16, in_place=True)  # byte ranges that cut elements
     reduce_scatter(1_000_003, torch.float32)

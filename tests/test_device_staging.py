@@ -631,9 +631,6 @@ def test_pipeline_only_for_a_large_tensor_copied_on_the_comm_thread(monkeypatch)
         raise AssertionError("ranges built for an op that is not staged by range")
 
     assert not adapter.prepare([small], [True], [True]).pipeline(never)  # below it
-    # an op's own floor (a flat all-gather's or reduce-scatter's) replaces the default
-    assert not adapter.prepare([small], [True], [True]).pipeline(never, 0, False, 41)
-    assert adapter.prepare([small], [True], [True]).pipeline(lambda: [(0, 10)], 0, False, 40)
     assert not adapter.prepare([big, small], [True] * 2, [True] * 2).pipeline(never, 1)
     assert not adapter.prepare([big], [False], [False]).pipeline(never)  # never copied
     assert not adapter.prepare([big], [True], [True]).pipeline(lambda: None)  # not cut
@@ -863,16 +860,14 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         nbytes = big.numel() * big.element_size()
 
         def count(tensor: torch.Tensor, way: str, own: bool) -> bool:
-            least = staging.PIPELINE_MIN_BYTES
-            if op == "all_gather":  # its output by segment, from FLAT_SEGMENT_MIN_BYTES
-                ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap, own=own,
-                                                  by_segment=not own)
-                least = least if own else collectives.FLAT_SEGMENT_MIN_BYTES
+            if op == "all_gather":
+                ranges = collectives._flat_ranges(nbytes, 1, world, rank, cap, own=own)
             else:  # (half types: chunks as float32's, the dtype the ring runs in)
                 size = (collectives.UPCAST.get(big.dtype) or big.dtype).itemsize
                 ranges = collectives._flat_ranges(big.numel(), size, world, rank, cap, own=own)
             n = copies.count(way)
-            ranged = tensor.numel() * tensor.element_size() >= least and ranges is not None
+            ranged = (tensor.numel() * tensor.element_size() >= staging.PIPELINE_MIN_BYTES
+                      and ranges is not None)
             assert n == (len(ranges) if ranged else 1), (op, big.dtype, big.numel(), own, n)
             return ranged
 
@@ -930,20 +925,15 @@ def _ranged_gather_scatter_through_fake_staging(rank: int, world: int, cuda_like
         "rs bf16 max": reduce_scatter(80_003, torch.bfloat16, dist.ReduceOp.MAX),
         "rs bf16 small": reduce_scatter(50_001, torch.bfloat16),  # an output of 100 KB
     }
-    # no segment cut in two: the all-gather's output by segment, the rest whole
-    ring.PIECE_MIN_BYTES = 1 << 20
+    ring.PIECE_MIN_BYTES = 1 << 20  # no segment cut in two: copied whole
     got["uncut"] = (all_gather(50_001, torch.float32), reduce_scatter(50_001, torch.float32))
-    # segments of 80 KB, below FLAT_SEGMENT_MIN_BYTES: copied whole
-    got["uncut small"] = (all_gather(20_001, torch.float32),
-                          reduce_scatter(20_001, torch.float32))
     both, big_only, whole = (True, True), (True, False), (False, False)
     assert got == {
         "small": whole, "ag": both, "ag in place": both,
         "ag bf16": big_only,  # an input of 90 KB is below the threshold
         "ag f64": both, "ag own small": big_only, "rs": both, "rs max": both, "rs in place": both,
         "rs complex": both, "ag complex": both, "rs f16": both, "rs bf16 max": both,
-        "rs bf16 small": big_only, "uncut": (big_only, whole),
-        "uncut small": (whole, whole)}
+        "rs bf16 small": big_only, "uncut": (whole, whole)}
     dist.barrier()
     return "ok"
 

@@ -273,11 +273,10 @@ class StagingHandoff:
         self._ready_slept = False  # _await has waited for the producer's marker
 
     def pipeline(self, ranges: Callable[[], Sequence[tuple[int, int]] | None],
-                 index: int = 0, in_bytes: bool = False, min_bytes: int | None = None) -> bool:
+                 index: int = 0, in_bytes: bool = False) -> bool:
         """Caller's thread, before submission: stage tensor ``index`` range by range if it is
-        large enough (``min_bytes``, default ``PIPELINE_MIN_BYTES``) and the comm thread does
-        the copies (the op's other tensors are staged whole; at most one ranged tensor is
-        read and one written). ``ranges()`` gives ranges
+        large enough and the comm thread does the copies (the op's other tensors are staged
+        whole; at most one ranged tensor is read and one written). ``ranges()`` gives ranges
         of its flat view (elements, or bytes if ``in_bytes``) that tile it, in the order the
         body first needs them, or None where the collective gains nothing from ranges; it is
         called only then (most ops are not staged by range, and building the ranges is
@@ -287,8 +286,8 @@ class StagingHandoff:
         if self.ops.copy_out_on_caller or self.hosts is not None:
             return False
         t = self.tensors[index]
-        least = PIPELINE_MIN_BYTES if min_bytes is None else min_bytes
-        if t.numel() * t.element_size() < least or not t.is_contiguous():
+        nbytes = t.numel() * t.element_size()
+        if nbytes < PIPELINE_MIN_BYTES or not t.is_contiguous():
             return False
         read, written = self.reads[index], self.writes[index]
         if not (read or written) or (read and self._in) or (written and self._out):

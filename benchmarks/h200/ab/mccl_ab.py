@@ -58,15 +58,13 @@ all-gathers and reduce-scatters use grids only in groups of at least N ranks
 before the fifty-fifth session (all-reduces still copy piece by piece); ``own_ranges=0``:
 they copy only the large tensor piece by piece and the one that holds this rank's segment
 (the all-gather's input, the reduce-scatter's output) whole, as in the fifty-fifth session;
-``flat_seg_min=N``: staged flat all-gathers copy their output back segment by segment
-where segments hold N bytes or more, even uncut (``collectives.FLAT_SEGMENT_MIN_BYTES``;
-4194304: only where cut, as before the fifty-ninth session); ``ready_spin=1``: the
-producer's marker of a CUDA op is not a blocking-sync event, so a comm thread that finds it
-not passed spins on it in the driver instead of sleeping until the driver wakes it;
-``cuda_ranks=N`` (bench only, with ``--device cuda``): ranks N and up bench host
-tensors, so only N ranks copy through the shared GPU (with N=1, one rank's staging costs as if every
-host had a GPU of its own, the others' on the host); each rank it moves adds a line to
-``MCCL_AB_MARKS`` (default ``CUDA_RANKS_MARKS``).
+``ready_spin=1``: the producer's marker of a CUDA op is not a blocking-sync event, so a comm
+thread that finds it not passed spins on it in the driver instead of sleeping until the
+driver wakes it (fifty-ninth session, call B: no difference seen); ``cuda_ranks=N`` (bench
+only, with ``--device cuda``): ranks N and up bench host tensors, so only N ranks copy
+through the shared GPU (with N=1, one rank's staging costs as if every host had a GPU of its
+own, the others' on the host); each rank it moves adds a line to ``MCCL_AB_MARKS`` (default
+``CUDA_RANKS_MARKS``).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -99,7 +97,6 @@ _CONSTANTS = {
     "a2a_pairwise": ("mccl.algorithms.direct", "ALL_TO_ALL_PAIRWISE_BYTES"),
     "sockbuf": ("mccl.transport.tcp", "SOCKET_BUFFER_BYTES"),
     "grid_min": ("mccl.algorithms.grid", "MIN_RANKS"),
-    "flat_seg_min": ("mccl.collectives", "FLAT_SEGMENT_MIN_BYTES"),
 }
 
 
@@ -286,8 +283,8 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
         coll = importlib.import_module("mccl.collectives")
         ranges = coll._flat_ranges
 
-        def whole_own(*args, own: bool = False, **kw):
-            return None if own else ranges(*args, **kw)
+        def whole_own(*args, own: bool = False):
+            return None if own else ranges(*args)
 
         return coll, "_flat_ranges", ranges if value else whole_own
     if key == "cuda_ranks":
