@@ -175,8 +175,12 @@ class _StoreCalls:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 box.append((False, e))
             finally:
+                # The store goes before the caller hears back: released after ``set``, a
+                # caller that destroys its group and exits at once may find it still held
+                # here, and a file:// init file then stays behind.
+                fn = args = kwargs = box = None
                 done.set()
-                fn = args = kwargs = box = done = None  # the store (and the result) go now
+                done = None
 
 
 class PeerGoneError(ConnectionError):
