@@ -106,6 +106,9 @@ class _Completer:
                     self._workers -= 1
                 return
             self._one(fn)  # (a failing user callback must not kill the worker)
+            # an idle worker holds nothing of the last completion: its result tensors (device
+            # memory, on a GPU) would stay allocated while it waits, up to IDLE_EXIT_S
+            fn = None
             with self._lock:
                 self._idle += 1
 

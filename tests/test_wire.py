@@ -1387,3 +1387,26 @@ def test_a_forked_child_gets_an_error_from_a_future_made_before_the_fork() -> No
     assert len(said) == 2, f"the forked child answered {said!r} in 20 s"
     for text in said:
         assert "forked child cannot wait for it" in text, said
+
+
+def test_an_idle_completer_worker_holds_nothing_of_the_last_completion() -> None:
+    """A worker waiting for the next completion kept the last one's callable, and with it
+    the op's result tensors, for up to ``IDLE_EXIT_S`` (30 s): memory a user had let go of
+    stayed allocated."""
+    import weakref
+
+    import torch
+
+    from mccl.work import _Completer
+
+    completer = _Completer()
+    result = torch.ones(4)
+    gone = weakref.ref(result)
+    ran = threading.Event()
+    completer.run(lambda kept=result: ran.set())  # a completion that holds the result
+    del result
+    assert ran.wait(10)
+    deadline = time.monotonic() + 10
+    while gone() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gone() is None, "the idle worker still holds the last completion's tensors"
