@@ -1458,3 +1458,41 @@ def test_set_up_failures_are_also_torch_dist_errors() -> None:
     assert setup_error(twin) is twin
     plain = ValueError("MCCL_SOCKET_IFNAME='x' names no interface")
     assert setup_error(plain) is plain
+
+
+def _sent_memory_released(rank: int, world: int) -> bool:
+    import gc
+    import time
+    import weakref
+
+    import numpy as np
+    import torch.distributed as dist
+
+    n = 4 << 20  # 16 MB: more than the socket takes at once, so the sender thread writes it
+    released = []
+    for op in ("p2p", "all_reduce"):
+        memory = np.ones(n, dtype=np.float32)
+        gone = weakref.ref(memory)
+        t = torch.from_numpy(memory)  # the tensor's storage holds the array
+        del memory
+        if op == "all_reduce":
+            dist.all_reduce(t)
+        elif rank == 0:
+            dist.send(t, 1)
+        else:  # and the receiving side
+            dist.recv(t, 0)
+        del t
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released.append(gone() is None)
+        dist.barrier()
+    return all(released)
+
+
+def test_a_sent_tensor_is_not_held_once_the_send_completed() -> None:
+    """A sender thread waiting for its next frame kept the last one's payload, a view of the
+    op's tensor: memory a user had let go of stayed allocated until the next send to that
+    peer. Neither side of a send keeps it, nor an all-reduce."""
+    assert run_ranks(_sent_memory_released, 2, timeout=60) == [True, True]

@@ -449,6 +449,9 @@ class Peer:
                     on_done(self.send_error)
                 except Exception:  # a completion callback must not kill the sender
                     log.exception("send completion callback failed")
+            # an idle sender holds nothing of the last frame: its payload is a view of the
+            # op's tensor, which would stay allocated until the next send to this peer
+            header = payload = on_done = None
 
     def send_failure(self) -> PeerError:
         e = self.send_error
