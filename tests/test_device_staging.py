@@ -222,16 +222,17 @@ def test_pool_bounds_what_it_keeps() -> None:
     assert pool.held_bytes == 80
 
 
+@pytest.mark.parametrize("shape", [(12,), (3, 4), (2, 1, 3, 2)], ids=["1d", "2d", "4d"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.bool])
-def test_dtypes_and_empty_tensors_round_trip(dtype: torch.dtype) -> None:
+def test_dtypes_shapes_and_empty_tensors_round_trip(dtype: torch.dtype, shape) -> None:
     adapter, ops = _adapter()
-    t = (torch.arange(10) % 2).to(dtype)
+    t = (torch.arange(12) % 2).to(dtype).view(shape)
     e = torch.empty(0, dtype=dtype)
     h = adapter.prepare([t, e], [True, True], [True, True])
 
     def comm() -> None:
         hosts = h.acquire()
-        assert hosts[0].dtype == dtype and hosts[1].numel() == 0
+        assert hosts[0].dtype == dtype and hosts[0].shape == shape and hosts[1].numel() == 0
         assert torch.equal(hosts[0], t)
         hosts[0].copy_(1 - hosts[0].to(torch.int64)) if dtype != torch.bool else \
             hosts[0].logical_not_()
@@ -239,7 +240,7 @@ def test_dtypes_and_empty_tensors_round_trip(dtype: torch.dtype) -> None:
 
     on_thread(comm)
     ops.side.synchronize()
-    assert torch.equal(t.to(torch.int64), 1 - (torch.arange(10) % 2))
+    assert torch.equal(t.to(torch.int64), 1 - (torch.arange(12) % 2).view(shape))
 
 
 def test_result_context_and_gate_come_from_the_device() -> None:
