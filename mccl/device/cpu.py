@@ -31,13 +31,10 @@ class CpuHandoff:
     def result_context(self):
         return None
 
-    def queued(self) -> None:
-        pass
-
 
 class CpuAdapter:
     device_type = "cpu"
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool], inline: bool = False) -> CpuHandoff:
+                writes: Sequence[bool]) -> CpuHandoff:
         return CpuHandoff(tensors)

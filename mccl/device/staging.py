@@ -471,9 +471,6 @@ class StagingHandoff:
     def result_context(self) -> Callable[[], AbstractContextManager] | None:
         return self.ops.result_context()
 
-    def queued(self) -> None:
-        pass  # prepared the same way for either thread (CUDA's caller-stream one is not)
-
 
 class HostOps:
     """A synchronous "device" whose memory is host memory: every copy is done on return.
@@ -519,5 +516,5 @@ class StagingAdapter:
         self.pending = PendingWrites()
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool], inline: bool = False) -> StagingHandoff:
+                writes: Sequence[bool]) -> StagingHandoff:
         return StagingHandoff(self.ops, self.pool, tensors, reads, writes, self.pending)

@@ -204,6 +204,3 @@ class ContiguousHandoff:
 
     def result_context(self) -> Callable[[], AbstractContextManager] | None:
         return self.inner.result_context()
-
-    def queued(self) -> None:
-        self.inner.queued()
