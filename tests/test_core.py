@@ -1462,14 +1462,15 @@ def test_set_up_failures_are_also_torch_dist_errors() -> None:
 
 def _sent_memory_released(rank: int, world: int) -> bool:
     import gc
-    import time
     import weakref
 
     import numpy as np
     import torch.distributed as dist
 
+    from tests.threads import released
+
     n = 4 << 20  # 16 MB: more than the socket takes at once, so the sender thread writes it
-    released = []
+    freed = []
     for op in ("p2p", "all_reduce"):
         memory = np.ones(n, dtype=np.float32)
         gone = weakref.ref(memory)
@@ -1483,12 +1484,9 @@ def _sent_memory_released(rank: int, world: int) -> bool:
             dist.recv(t, 0)
         del t
         gc.collect()
-        deadline = time.monotonic() + 10
-        while gone() is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        released.append(gone() is None)
+        freed.append(released(gone))
         dist.barrier()
-    return all(released)
+    return all(freed)
 
 
 def test_a_sent_tensor_is_not_held_once_the_send_completed() -> None:

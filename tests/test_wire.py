@@ -43,7 +43,7 @@ from mccl.transport.mesh import POLL_STASH_MAX, Mesh, MismatchError
 from mccl.transport.posted import PostedRecv, PostedRecvs
 from mccl.transport.rendezvous import _dial, connect_mesh, group_hash, namespace
 from mccl.transport.tcp import PeerError, seconds_text
-from tests.threads import in_thread, on_thread
+from tests.threads import in_thread, on_thread, released
 
 FUZZ = settings(max_examples=1000, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -1406,7 +1406,4 @@ def test_an_idle_completer_worker_holds_nothing_of_the_last_completion() -> None
     completer.run(lambda kept=result: ran.set())  # a completion that holds the result
     del result
     assert ran.wait(10)
-    deadline = time.monotonic() + 10
-    while gone() is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert gone() is None, "the idle worker still holds the last completion's tensors"
+    assert released(gone), "the idle worker still holds the last completion's tensors"

@@ -1,8 +1,11 @@
-"""Running a test's function on another thread (the comm thread's stand-in)."""
+"""Running a test's function on another thread (the comm thread's stand-in), and waiting,
+bounded, for what another thread lets go of."""
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,3 +33,11 @@ def on_thread(fn: Callable[[], Any], name: str = "comm", timeout: float = 30.0) 
     if "error" in out:
         raise out["error"]
     return out.get("value")
+
+
+def released(ref: weakref.ref, timeout: float = 10.0) -> bool:
+    """Has the object behind ``ref`` been freed, within ``timeout`` seconds (polled)?"""
+    deadline = time.monotonic() + timeout
+    while ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ref() is None
