@@ -8,7 +8,9 @@ would in step: ``staged`` is mccl's CUDA hand-off (``CudaAdapter.prepare``, ``ac
 ring's host-side copy of this rank's segment, ``release``, the consumer's ``gate`` and the
 Future's context (entered only for a Future someone asked for, which a blocking op never
 does: most of the 18-21 us its gate phase took over the bare one's in call s58a), then a
-sync of the caller's stream, as a blocking call followed by a read would); ``side`` makes
+sync of the caller's stream, as a blocking call followed by a read would); ``direct`` is
+mccl's hand-off of a blocking op run on the caller's thread (``prepare(inline=True)``: its
+copies on the caller's stream, sixtieth session); ``side`` makes
 the same CUDA calls on a side stream of its own, written out bare (what the hand-off's
 Python around them costs); ``caller`` does the same copies on the caller's stream with
 nothing else (the floor for any hand-off that copies through host memory); ``cpu`` only the
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mccl.bench.report import parse_size  # noqa: E402
 from mccl.bench.spawn import run_ranks  # noqa: E402
 
-VARIANTS = ("staged", "side", "caller", "cpu")
+VARIANTS = ("staged", "direct", "side", "caller", "cpu")
 WARMUP = 20
 TIMEOUT_S = 300.0
 
@@ -88,6 +90,24 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
 
     side = torch.cuda.Stream(dev)
 
+    def direct() -> list[float]:
+        t = [time.perf_counter()]
+        handoff = adapter.prepare(tensors, reads, writes, inline=True)
+        t.append(time.perf_counter())
+        hosts = handoff.acquire()
+        t.append(time.perf_counter())
+        hosts[-1][:seg].copy_(hosts[0][:seg])
+        t.append(time.perf_counter())
+        handoff.release()
+        t.append(time.perf_counter())
+        gate = handoff.gate()
+        if gate is not None:
+            gate()
+        t.append(time.perf_counter())
+        stream.synchronize()
+        t.append(time.perf_counter())
+        return t
+
     def side_bare() -> list[float]:
         t = [time.perf_counter()]
         ready = torch.cuda.Event(blocking=True)
@@ -134,7 +154,8 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
         t += [time.perf_counter()] * 4
         return t
 
-    runs = {"staged": staged, "side": side_bare, "caller": caller, "cpu": cpu}
+    runs = {"staged": staged, "direct": direct, "side": side_bare, "caller": caller,
+            "cpu": cpu}
     phases: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
     for i in range(WARMUP + reps):
         for name in VARIANTS:  # interleaved, so drift hits every variant alike

@@ -406,6 +406,11 @@ class Engine:
             self._busy += 1
             run_here = inline and self._busy == 1
             if not run_here:
+                if inline:  # prepared for this thread; the comm thread runs it instead
+                    try:
+                        job.handoff.queued()
+                    except Exception as e:  # noqa: BLE001 - fails the job in its turn
+                        job.early_error = e
                 self._q.put(job)
                 if self._serving:
                     self._wake()
@@ -661,7 +666,7 @@ class Engine:
         except queue.Empty:
             return
         self._next = job
-        if job is None or job.start is None or not job.collective:
+        if job is None or job.start is None or not job.collective or job.early_error:
             return
         try:
             if (not job.handoff.ready_now() or _overlap(job.tensors, running.tensors)

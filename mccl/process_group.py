@@ -71,8 +71,8 @@ _UNCHECKED = object()
 
 BACKEND_NAME = "mccl"
 #: Devices whose blocking ops may run on the caller's thread (see ``_submit``). CUDA: the
-#: caller is PyTorch's own thread and the copies go to the adapter's side stream either way
-#: (O3 holds). MPS stays on the comm thread: that path is not run on hardware here.
+#: caller is PyTorch's own thread, and such an op copies on its current stream (O3 holds;
+#: ``mccl.device.cuda``). MPS stays on the comm thread: that path is not run on hardware here.
 INLINE_DEVICE_TYPES = frozenset({"cpu", "cuda"})
 #: How long a failing op waits for its word to a rank still forming the group to reach the
 #: store (``_leave_word``): a process that exits on the error took the thread writing it along,
@@ -502,9 +502,15 @@ class ProcessGroupMCCL(dist.ProcessGroup):
                   or bool(clashing_outputs(tensors, writes)))
         if copies:
             segmented = None  # ranges of a flat view: the copy below is made whole
+        blocking = opts is not None and getattr(opts, "asyncOp", True) is False
+        # A blocking collective runs on the caller's thread when the group is idle: the caller
+        # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
+        # a loaded host (async ops never do: they must not block the caller).
+        inline = (collective and self._coalesced is None and blocking
+                  and (device is None or device.type in INLINE_DEVICE_TYPES))
         # c10d ops are outside autograd: detached views share storage, and numpy() refuses
         # tensors that require grad (DDP with create_graph=True hands those in).
-        handoff = adapter.prepare([t.detach() for t in tensors], reads, writes)
+        handoff = adapter.prepare([t.detach() for t in tensors], reads, writes, inline=inline)
         if copies:
             handoff = ContiguousHandoff(handoff, reads, writes, placements)
         # A staged hand-off may copy a large tensor range by range so its device copies
@@ -519,15 +525,9 @@ class ProcessGroupMCCL(dist.ProcessGroup):
             if staged:
                 segmented.stage(handoff, staged)
         devices = [device] if device is not None and device.type == "cuda" else None
-        blocking = opts is not None and getattr(opts, "asyncOp", True) is False
         work = Work(name, result, devices=devices, blocking=blocking, refused=refused)
         job = Job(name, sig, body, work, handoff, collective=collective, start=start,
                   tensors=tensors, park=park)
-        # A blocking collective runs on the caller's thread when the group is idle: the caller
-        # would only wait for the comm thread, and the two hand-offs cost 50-100 us per op on
-        # a loaded host (async ops never do: they must not block the caller).
-        inline = (collective and self._coalesced is None and blocking
-                  and (device is None or device.type in INLINE_DEVICE_TYPES))
         self._engine.submit(job, inline=inline)
         if collective:  # (a weak reference: a Work kept after destroy keeps no engine alive)
             engine, seq = weakref.ref(self._engine), job.seq

@@ -709,6 +709,17 @@ def test_ab_settings_apply_and_restore() -> None:
     assert CudaOps.ready is not ready
     undo()
     assert CudaOps.ready is ready
+    import torch
+
+    from mccl.device.cuda import CallerStreamHandoff, CudaAdapter
+
+    prepare = CudaAdapter.prepare
+    adapter = CudaAdapter(torch.device("cuda", 0))  # (no CUDA call until a copy)
+    assert isinstance(adapter.prepare([], [], [], inline=True), CallerStreamHandoff)
+    undo = mccl_ab.apply("caller_stream=0")
+    assert CudaAdapter.prepare is not prepare
+    undo()
+    assert CudaAdapter.prepare is prepare
     interval = sys.getswitchinterval()
     undo = mccl_ab.apply("switch=250")
     assert sys.getswitchinterval() == pytest.approx(250e-6)

@@ -1494,3 +1494,51 @@ def test_a_sent_tensor_is_not_held_once_the_send_completed() -> None:
     op's tensor: memory a user had let go of stayed allocated until the next send to that
     peer. Neither side of a send keeps it, nor an all-reduce."""
     assert run_ranks(_sent_memory_released, 2, timeout=60) == [True, True]
+
+
+def _inline_flags(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from mccl.device.cpu import CpuAdapter
+
+    seen: list[bool] = []
+    prepare = CpuAdapter.prepare
+
+    def spy(self, tensors, reads, writes, inline=False):
+        seen.append(inline)
+        return prepare(self, tensors, reads, writes, inline=inline)
+
+    CpuAdapter.prepare = spy
+    flags: dict[str, list[bool]] = {}
+
+    def note(name: str, run) -> None:
+        del seen[:]
+        run()
+        flags[name] = list(seen)
+
+    t = torch.ones(8)
+    note("blocking", lambda: dist.all_reduce(t))
+    note("async", lambda: dist.all_reduce(t, async_op=True).wait())
+    peer = 1 - rank
+    note("p2p", lambda: dist.send(t, peer) if rank == 0 else dist.recv(t, peer))
+
+    def coalesced() -> None:
+        with dist._coalescing_manager(async_ops=True) as cm:
+            dist.all_reduce(t)
+            dist.all_reduce(torch.ones(3))
+        cm.wait()
+
+    note("coalesced", coalesced)
+    note("blocking gather", lambda: dist.all_gather_into_tensor(torch.empty(2 * world),
+                                                                torch.ones(2)))
+    return flags
+
+
+def test_only_blocking_collectives_are_prepared_to_run_on_the_callers_thread() -> None:
+    """``prepare(inline=True)`` (CUDA then copies on the caller's stream) only for an op the
+    engine may run on the caller's thread, a blocking collective; an async op, a send or a
+    receive and async coalesced ops go to the comm thread."""
+    for flags in run_ranks(_inline_flags, 2, timeout=60):
+        assert flags.pop("blocking") == flags.pop("blocking gather") == [True], flags
+        assert flags.pop("async") == [False] and flags["coalesced"], flags
+        assert not any(flags["coalesced"]) and not any(flags["p2p"]), flags

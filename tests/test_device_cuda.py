@@ -298,6 +298,118 @@ def test_ranged_all_gather_and_reduce_scatter_on_cuda_tensors() -> None:
     assert all(run_ranks(_ranged_gather_scatter, 3, timeout=240))
 
 
+def _caller_stream(rank: int, world: int) -> bool:
+    """A blocking op run on the caller's thread copies on the caller's stream (no side
+    stream, mccl.device.cuda), range by range too; the group's issue order still holds
+    between that stream and the adapter's side stream either way round; and a blocking op
+    queued behind a running one moves to the side stream."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from mccl.device import cuda, staging
+
+    dev = _dev(rank)
+    torch.cuda.set_device(dev)
+    expect = float(sum(range(1, world + 1)))
+    m = 1_000_003
+
+    def vals(r: int, n: int) -> torch.Tensor:
+        return (torch.arange(n, device=dev) % 251 + r).float()
+
+    # blocking ops, whole and (from 1 MiB here) range by range: never the side stream
+    shipped = staging.PIPELINE_MIN_BYTES
+    staging.PIPELINE_MIN_BYTES = 1 << 20
+    for n in (1000, m):
+        out, inp = torch.zeros(world * n, device=dev), torch.empty(n, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        inp.copy_(vals(rank, n))  # produced long after the op is called (O1)
+        dist.all_gather_into_tensor(out, inp)
+        assert torch.equal(out * 1, torch.cat([vals(r, n) for r in range(world)])), n
+        big, part = torch.empty(world * n, device=dev), torch.zeros(n, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        big.copy_(vals(rank, world * n))
+        dist.reduce_scatter_tensor(part, big)
+        want = sum(vals(r, world * n)[rank * n:(rank + 1) * n] for r in range(world))
+        assert torch.equal(part * 1, want), n
+        t = torch.zeros(3 * n, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        t.fill_(rank + 1)
+        dist.all_reduce(t)
+        assert (t * 1).min().item() == (t * 1).max().item() == expect, n
+    staging.PIPELINE_MIN_BYTES = shipped
+    adapter = dist.group.WORLD._adapters[str(dev)]
+    assert adapter.ops._side is None, "a blocking op used the side stream"
+
+    # the side stream still writes what a blocking op reads (an earlier op's copy back)
+    t = torch.zeros(m, device=dev)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(adapter.ops.side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        t.fill_(rank + 1)
+    dist.all_reduce(t)
+    assert (t * 1).min().item() == (t * 1).max().item() == expect
+
+    # a blocking op's copy back still waits on its stream when an op issued next, from
+    # another stream, reads its result: rank 0's copy back is held up behind ~1 s of GPU
+    # sleep that a timer enqueues on that stream while the op waits for the late rank 1
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+
+    def hold_up() -> None:
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(SLEEP_CYCLES * 10)
+
+    timer = threading.Timer(0.2, hold_up)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        u = torch.full((m,), float(rank + 1), device=dev)  # made on s1 alone
+        if rank == 0:
+            timer.start()
+        else:
+            time.sleep(0.5)
+        dist.all_reduce(u)
+    if rank == 0:
+        timer.join()
+    with torch.cuda.stream(s2):
+        dist.all_reduce(u, async_op=True).wait()
+        got = u * 1
+    torch.cuda.current_stream().wait_stream(s2)  # got is s2's; the checks run here
+    assert got.min().item() == got.max().item() == world * expect, (got.min(), got.max())
+
+    # a blocking op issued while an async one runs (rank 1 joins late) goes to the comm
+    # thread, on the side stream
+    moved = []
+    queued = cuda.CallerStreamHandoff.queued
+
+    def counted(self) -> None:
+        moved.append(1)
+        queued(self)
+
+    cuda.CallerStreamHandoff.queued = counted
+    if rank == 1:
+        time.sleep(0.3)
+    big = torch.zeros(m, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    big.fill_(rank + 1)
+    w = dist.all_reduce(big, async_op=True)
+    part = torch.empty(1000, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    part.copy_(vals(rank, 1000))
+    out = torch.empty(world * 1000, device=dev)
+    dist.all_gather_into_tensor(out, part)
+    assert torch.equal(out * 1, torch.cat([vals(r, 1000) for r in range(world)]))
+    w.wait()
+    assert (big * 1).min().item() == (big * 1).max().item() == expect
+    cuda.CallerStreamHandoff.queued = queued
+    assert rank != 0 or moved, "the blocking op was not queued"
+    return True
+
+
+def test_blocking_ops_copy_on_the_callers_stream_in_issue_order() -> None:
+    assert all(run_ranks(_caller_stream, 2, timeout=180))
+
+
 def _queued(rank: int, world: int) -> bool:
     """DDP's pattern: each bucket's op is issued right after its producer kernels, while the
     ops before it are still queued or running; then ops that read what a pending op writes

@@ -964,6 +964,85 @@ def test_shutdown_waits_for_ops_that_keep_finishing() -> None:
         s.close()
 
 
+class _SpyHandoff:
+    """A CPU hand-off that notes the thread that acquires it and each ``queued`` call."""
+
+    def __init__(self, fail: BaseException | None = None):
+        self.queued_on: list[threading.Thread] = []
+        self.acquired_on: threading.Thread | None = None
+        self.fail = fail
+
+    def queued(self) -> None:
+        self.queued_on.append(threading.current_thread())
+        if self.fail is not None:
+            raise self.fail
+
+    def acquire(self) -> list:
+        self.acquired_on = threading.current_thread()
+        return []
+
+    def release(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def ready_now(self) -> bool:
+        return True
+
+    def gate(self) -> None:
+        return None
+
+    def result_context(self) -> None:
+        return None
+
+
+def test_an_op_prepared_inline_is_told_on_the_callers_thread_when_it_is_queued() -> None:
+    """A blocking op (``inline``) runs on the caller's thread while the group is idle, its
+    hand-off never told otherwise; behind a running op it goes to the comm thread, and its
+    hand-off hears ``queued`` first, on the caller's thread (CUDA then moves its copies from
+    the caller's stream to the side stream). An op not prepared inline never hears it, and a
+    ``queued`` that raises fails that op in its turn instead of leaving the queue stuck."""
+    from mccl import CollectiveError
+    from mccl.engine import Engine, Job
+    from mccl.work import Work
+
+    mesh, far = make_mesh(2, timeout_s=60.0)
+    engine = Engine(mesh, "t", MAX_CHUNK_BYTES)
+    me = threading.current_thread()
+    try:
+        def submit(handoff: _SpyHandoff, inline: bool, body=lambda ch, h: None) -> Work:
+            return engine.submit(Job("all_reduce", SIG, body, Work("all_reduce"), handoff),
+                                 inline=inline)
+
+        idle = _SpyHandoff()
+        submit(idle, inline=True).wait()
+        assert idle.acquired_on is me and idle.queued_on == []
+
+        release = threading.Event()
+        running = submit(_SpyHandoff(), inline=False,
+                         body=lambda ch, h: release.wait(10))
+        behind, plain = _SpyHandoff(), _SpyHandoff()
+        works = [submit(behind, inline=True), submit(plain, inline=False)]
+        assert behind.queued_on == [me]  # told before the comm thread can take it
+        release.set()
+        for w in (running, *works):
+            w.wait()
+        assert behind.acquired_on is engine._thread and plain.queued_on == []
+
+        release.clear()
+        running = submit(_SpyHandoff(), inline=False, body=lambda ch, h: release.wait(10))
+        broken = submit(_SpyHandoff(fail=RuntimeError("no side stream")), inline=True)
+        release.set()
+        running.wait()
+        with pytest.raises(CollectiveError, match="no side stream"):
+            broken.wait()
+    finally:
+        engine.shutdown(abort=True)
+        for s in far.values():
+            s.close()
+
+
 def test_abort_cuts_a_shutdown_that_is_draining() -> None:
     """A shutdown waits for an op blocked on a silent peer (here for up to a minute); an abort
     from another thread meanwhile fails it at once (it did nothing: the group was stopped)."""

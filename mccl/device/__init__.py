@@ -42,13 +42,19 @@ class Handoff(Protocol):
         """Context in which the comm thread completes the Future (e.g. a side stream)."""
         ...
 
+    def queued(self) -> None:
+        """Caller's thread: an op prepared ``inline`` goes to the comm thread after all."""
+        ...
+
 
 class Adapter(Protocol):
     device_type: str
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool]) -> Handoff:
-        """Caller's thread: record the ready-marker for ``tensors`` (O1)."""
+                writes: Sequence[bool], inline: bool = False) -> Handoff:
+        """Caller's thread: record the ready-marker for ``tensors`` (O1). ``inline``: the
+        op is blocking and the engine may run it on this thread (``Engine.submit``), which a
+        device may prepare for differently; ``queued`` follows if the engine does not."""
         ...
 
 

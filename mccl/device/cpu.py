@@ -31,10 +31,13 @@ class CpuHandoff:
     def result_context(self):
         return None
 
+    def queued(self) -> None:
+        pass
+
 
 class CpuAdapter:
     device_type = "cpu"
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool]) -> CpuHandoff:
+                writes: Sequence[bool], inline: bool = False) -> CpuHandoff:
         return CpuHandoff(tensors)

@@ -87,6 +87,9 @@ class UnifiedHandoff:
     def result_context(self) -> Callable[[], AbstractContextManager] | None:
         return None
 
+    def queued(self) -> None:
+        pass
+
 
 class MpsStagingOps(HostOps):
     """Staging for MPS: copies are blocking MPS copies; out on the caller, back on release."""
@@ -114,7 +117,7 @@ class MpsAdapter:
         return self.alias is not None
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool]):
+                writes: Sequence[bool], inline: bool = False):
         # an alias has the raw bytes: a lazy neg/conj view's values need the staging copies
         if self.alias is not None and not any(t.is_neg() or t.is_conj() for t in tensors):
             try:

@@ -471,6 +471,9 @@ class StagingHandoff:
     def result_context(self) -> Callable[[], AbstractContextManager] | None:
         return self.ops.result_context()
 
+    def queued(self) -> None:
+        pass  # prepared the same way for either thread (CUDA's caller-stream one is not)
+
 
 class HostOps:
     """A synchronous "device" whose memory is host memory: every copy is done on return.
@@ -516,5 +519,5 @@ class StagingAdapter:
         self.pending = PendingWrites()
 
     def prepare(self, tensors: Sequence[torch.Tensor], reads: Sequence[bool],
-                writes: Sequence[bool]) -> StagingHandoff:
+                writes: Sequence[bool], inline: bool = False) -> StagingHandoff:
         return StagingHandoff(self.ops, self.pool, tensors, reads, writes, self.pending)

@@ -204,3 +204,6 @@ class ContiguousHandoff:
 
     def result_context(self) -> Callable[[], AbstractContextManager] | None:
         return self.inner.result_context()
+
+    def queued(self) -> None:
+        self.inner.queued()

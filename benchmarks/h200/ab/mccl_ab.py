@@ -64,7 +64,9 @@ driver wakes it (fifty-ninth session, call B: no difference seen); ``cuda_ranks=
 only, with ``--device cuda``): ranks N and up bench host tensors, so only N ranks copy
 through the shared GPU (with N=1, one rank's staging costs as if every host had a GPU of its
 own, the others' on the host); each rank it moves adds a line to ``MCCL_AB_MARKS`` (default
-``CUDA_RANKS_MARKS``).
+``CUDA_RANKS_MARKS``); ``caller_stream=0``: a blocking CUDA op run on the caller's thread
+copies on the adapter's side stream, as before the sixtieth session (now on the caller's
+stream).
 Experiment tooling only; the library never reads these."""
 
 from __future__ import annotations
@@ -287,6 +289,14 @@ def _setting(key: str, value: int) -> tuple[object, str, object]:
             return None if own else ranges(*args)
 
         return coll, "_flat_ranges", ranges if value else whole_own
+    if key == "caller_stream":
+        adapter = importlib.import_module("mccl.device.cuda").CudaAdapter
+        prepare = adapter.prepare
+
+        def on_side(self, tensors, reads, writes, inline=False):
+            return prepare(self, tensors, reads, writes)
+
+        return adapter, "prepare", prepare if value else on_side
     if key == "cuda_ranks":
         # The bench's worker runs as __main__, so its own functions cannot be patched from
         # here; it imports make_case from mccl.bench.ops at every call.
