@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mccl.algorithms.base import MAX_CHUNK_BYTES
+from mccl.device.cpu import CpuHandoff
 from mccl.transport import framing, handshake
 from mccl.transport.framing import (
     BYE,
@@ -964,10 +965,11 @@ def test_shutdown_waits_for_ops_that_keep_finishing() -> None:
         s.close()
 
 
-class _SpyHandoff:
+class _SpyHandoff(CpuHandoff):
     """A CPU hand-off that notes the thread that acquires it and each ``queued`` call."""
 
     def __init__(self, fail: BaseException | None = None):
+        super().__init__([])
         self.queued_on: list[threading.Thread] = []
         self.acquired_on: threading.Thread | None = None
         self.fail = fail
@@ -979,22 +981,7 @@ class _SpyHandoff:
 
     def acquire(self) -> list:
         self.acquired_on = threading.current_thread()
-        return []
-
-    def release(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
-
-    def ready_now(self) -> bool:
-        return True
-
-    def gate(self) -> None:
-        return None
-
-    def result_context(self) -> None:
-        return None
+        return super().acquire()
 
 
 def test_an_op_prepared_inline_is_told_on_the_callers_thread_when_it_is_queued() -> None:
