@@ -377,6 +377,24 @@ def _caller_stream(rank: int, world: int) -> bool:
     torch.cuda.current_stream().wait_stream(s2)  # got is s2's; the checks run here
     assert got.min().item() == got.max().item() == world * expect, (got.min(), got.max())
 
+    # a tensor made on the default stream, reduced from s1 and freed as the call returns:
+    # its memory is not handed out again before s1's held-up copy back has run into it
+    timer = threading.Timer(0.2, hold_up)
+    v = torch.full((m,), float(rank + 1), device=dev)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        if rank == 0:
+            timer.start()
+        else:
+            time.sleep(0.5)
+        dist.all_reduce(v)
+    if rank == 0:
+        timer.join()
+    del v
+    fresh = torch.zeros(m, device=dev)  # the default stream's: v's memory, were it free
+    torch.cuda.synchronize()
+    assert fresh.abs().max().item() == 0, "a copy back wrote into memory handed out again"
+
     # a blocking op issued while an async one runs (rank 1 joins late) goes to the comm
     # thread, on the side stream
     moved = []

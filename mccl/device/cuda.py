@@ -25,7 +25,7 @@ Why CUDA at all: it is the stand-in accelerator that CI-less development can mea
 A blocking op that the engine runs on the caller's thread (the group idle: ``inline``) skips the
 side stream: its copies go on the caller's current stream, where stream order alone puts the copy
 out after the producer's kernels (O1) and the copy back before the consumer's (O2). That saves the
-marker, the cross-stream waits, ``record_stream`` and the side stream's context: 64-92 us of a 1 MB
+marker, the cross-stream waits, the gate and the side stream's context: 64-92 us of a 1 MB
 op's 230-310 on 1-8 ranks sharing an H100 (``benchmarks/handoff_cost.py``, ``direct`` against
 ``staged``, call s60a). The caller's thread is PyTorch's own, so O3 holds. The two streams meet
 where ops of the group follow each other across them: such an op's copies first wait for what the
@@ -208,6 +208,12 @@ class CallerStreamHandoff(StagingHandoff):
                  reads: Sequence[bool], writes: Sequence[bool]):
         super().__init__(adapter.caller_ops, adapter.pool, tensors, reads, writes)
         self._adapter = adapter
+        # A tensor made on another stream and freed once the call returns must not be handed
+        # out again before this stream's copy back has run (a no-op for a tensor made here).
+        current = torch.cuda.current_stream(adapter.ops.device)
+        for t in self.tensors:
+            if t.numel():
+                t.record_stream(current)
 
     def queued(self) -> None:
         ops = self._adapter.ops
