@@ -210,9 +210,10 @@ class CallerStreamHandoff(StagingHandoff):
         self._adapter = adapter
         # A tensor made on another stream and freed once the call returns must not be handed
         # out again before this stream's copy back has run (a no-op for a tensor made here).
-        current = torch.cuda.current_stream(adapter.ops.device)
-        for t in self.tensors:
-            if t.numel():
+        live = [t for t in self.tensors if t.numel()]
+        if live:
+            current = torch.cuda.current_stream(adapter.ops.device)
+            for t in live:
                 t.record_stream(current)
 
     def queued(self) -> None:
