@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,9 +68,10 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
     h_out = h_in if op == "all_reduce" else torch.empty(n_out // 4, pin_memory=True)
     stream = torch.cuda.current_stream(dev)
 
-    def staged() -> list[float]:
+    def handed_off(inline: bool) -> list[float]:
+        """mccl's hand-off: ``staged`` (side stream) or, ``inline``, ``direct``."""
         t = [time.perf_counter()]
-        handoff = adapter.prepare(tensors, reads, writes)
+        handoff = adapter.prepare(tensors, reads, writes, inline=inline)
         t.append(time.perf_counter())
         hosts = handoff.acquire()
         t.append(time.perf_counter())
@@ -77,7 +79,7 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
         t.append(time.perf_counter())
         handoff.release()
         t.append(time.perf_counter())
-        gate, ctx = handoff.gate(), handoff.result_context()
+        gate, ctx = handoff.gate(), handoff.result_context()  # (direct: both None)
         if gate is not None:
             gate()
         if ctx is not None:
@@ -89,24 +91,6 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
         return t
 
     side = torch.cuda.Stream(dev)
-
-    def direct() -> list[float]:
-        t = [time.perf_counter()]
-        handoff = adapter.prepare(tensors, reads, writes, inline=True)
-        t.append(time.perf_counter())
-        hosts = handoff.acquire()
-        t.append(time.perf_counter())
-        hosts[-1][:seg].copy_(hosts[0][:seg])
-        t.append(time.perf_counter())
-        handoff.release()
-        t.append(time.perf_counter())
-        gate = handoff.gate()
-        if gate is not None:
-            gate()
-        t.append(time.perf_counter())
-        stream.synchronize()
-        t.append(time.perf_counter())
-        return t
 
     def side_bare() -> list[float]:
         t = [time.perf_counter()]
@@ -154,8 +138,8 @@ def _rank(rank: int, world: int, op: str, nbytes: int, reps: int) -> dict:
         t += [time.perf_counter()] * 4
         return t
 
-    runs = {"staged": staged, "direct": direct, "side": side_bare, "caller": caller,
-            "cpu": cpu}
+    runs = {"staged": partial(handed_off, False), "direct": partial(handed_off, True),
+            "side": side_bare, "caller": caller, "cpu": cpu}
     phases: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
     for i in range(WARMUP + reps):
         for name in VARIANTS:  # interleaved, so drift hits every variant alike
