@@ -352,44 +352,41 @@ def _caller_stream(rank: int, world: int) -> bool:
     assert (t * 1).min().item() == (t * 1).max().item() == expect
 
     # a blocking op's copy back still waits on its stream when an op issued next, from
-    # another stream, reads its result: rank 0's copy back is held up behind ~1 s of GPU
-    # sleep that a timer enqueues on that stream while the op waits for the late rank 1
+    # another stream, reads its result
     s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
 
     def hold_up() -> None:
-        with torch.cuda.stream(s1):
+        with torch.cuda.stream(s1):  # (a stream is current per thread: the timer's)
             torch.cuda._sleep(SLEEP_CYCLES * 10)
 
-    timer = threading.Timer(0.2, hold_up)
-    torch.cuda.synchronize()
+    def reduce_held_up_on_s1(x: torch.Tensor) -> None:
+        """all_reduce(x) from s1, where rank 0's copy back is held up behind ~1 s of GPU
+        sleep that a timer enqueues on s1 while the op waits for the late rank 1."""
+        timer = threading.Timer(0.2, hold_up)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            if rank == 0:
+                timer.start()
+            else:
+                time.sleep(0.5)
+            dist.all_reduce(x)
+        if rank == 0:
+            timer.join()
+
     with torch.cuda.stream(s1):
         u = torch.full((m,), float(rank + 1), device=dev)  # made on s1 alone
-        if rank == 0:
-            timer.start()
-        else:
-            time.sleep(0.5)
-        dist.all_reduce(u)
-    if rank == 0:
-        timer.join()
+    reduce_held_up_on_s1(u)
     with torch.cuda.stream(s2):
         dist.all_reduce(u, async_op=True).wait()
         got = u * 1
     torch.cuda.current_stream().wait_stream(s2)  # got is s2's; the checks run here
+    assert adapter.ops.after_caller is None, "the side stream's wait was not used up"
     assert got.min().item() == got.max().item() == world * expect, (got.min(), got.max())
 
     # a tensor made on the default stream, reduced from s1 and freed as the call returns:
     # its memory is not handed out again before s1's held-up copy back has run into it
-    timer = threading.Timer(0.2, hold_up)
     v = torch.full((m,), float(rank + 1), device=dev)
-    torch.cuda.synchronize()
-    with torch.cuda.stream(s1):
-        if rank == 0:
-            timer.start()
-        else:
-            time.sleep(0.5)
-        dist.all_reduce(v)
-    if rank == 0:
-        timer.join()
+    reduce_held_up_on_s1(v)
     del v
     fresh = torch.zeros(m, device=dev)  # the default stream's: v's memory, were it free
     torch.cuda.synchronize()

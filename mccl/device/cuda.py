@@ -78,6 +78,9 @@ class CudaOps:
         last = self.after_caller  # (another thread's caller stream need not be behind it)
         if last is not None:
             side.wait_event(last)
+            # Once waited for, stream order carries it to every later copy on the side
+            # stream. (Ops run one at a time, so the write in ``release`` cannot interleave.)
+            self.after_caller = None
 
     def busy(self) -> bool:
         """Has the side stream work enqueued that has not finished? (Never blocks.)"""
@@ -216,22 +219,26 @@ class CallerStreamHandoff(StagingHandoff):
             for t in live:
                 t.record_stream(current)
 
+    @property
+    def on_callers_stream(self) -> bool:
+        """Not (yet) turned into the side-stream hand-off by ``queued``."""
+        return self.ops is not self._adapter.ops
+
     def queued(self) -> None:
-        ops = self._adapter.ops
-        if self.ops is ops:
+        if not self.on_callers_stream:
             return
-        self.ops = ops
+        ops = self.ops = self._adapter.ops
         self._adapter.use_on_side(self.tensors)
         self._ready = ops.ready()
 
     def acquire(self) -> list[torch.Tensor]:
-        if self.ops is not self._adapter.ops:
+        if self.on_callers_stream:
             self._adapter.caller_ops.after_side()
         return super().acquire()
 
     def release(self) -> None:
         super().release()
-        if self.ops is not self._adapter.ops and self._done is not None:
+        if self.on_callers_stream and self._done is not None:
             self._adapter.ops.after_caller = self._done  # type: ignore[assignment]
 
 
