@@ -380,7 +380,6 @@ def _caller_stream(rank: int, world: int) -> bool:
         dist.all_reduce(u, async_op=True).wait()
         got = u * 1
     torch.cuda.current_stream().wait_stream(s2)  # got is s2's; the checks run here
-    assert adapter.ops.after_caller is None, "the side stream's wait was not used up"
     assert got.min().item() == got.max().item() == world * expect, (got.min(), got.max())
 
     # a tensor made on the default stream, reduced from s1 and freed as the call returns:
