@@ -78,6 +78,9 @@ class CudaOps:
         last = self.after_caller  # (another thread's caller stream need not be behind it)
         if last is not None:
             side.wait_event(last)
+            # Once waited for, stream order carries it to every later copy on the side
+            # stream. (Ops run one at a time, so the write in ``release`` cannot interleave.)
+            self.after_caller = None
 
     def busy(self) -> bool:
         """Has the side stream work enqueued that has not finished? (Never blocks.)"""
