@@ -27,17 +27,34 @@ IN_FEATURES = 32
 TIMED_AFTER_STEP = 5  # the first steps include DDP set-up and allocator warm-up
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``--steps 0`` trained nothing and
+    exited as if it had)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", default="mccl", help="mccl (default) or gloo")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=positive, default=40)
+    p.add_argument("--batch-size", type=positive, default=64, help="per rank")
+    p.add_argument("--hidden", type=positive, default=512)
+    p.add_argument("--layers", type=positive, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=positive, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=120.0, help="process group timeout (s)")
+    p.add_argument("--timeout", type=positive_seconds, default=120.0,
+                   help="process group timeout (s)")
     return p.parse_args(argv)
 
 

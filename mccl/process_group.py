@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -225,7 +225,7 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         self._store = store
         self._formed_at = time.monotonic()
         self._timeout_s = timeout_s
-        self._engine.on_break = self._leave_word
+        self._engine.on_break = _weakly(self._leave_word)
         if default:
             global _default_group
             _default_group = weakref.ref(self)
@@ -1000,6 +1000,20 @@ class ProcessGroupMCCL(dist.ProcessGroup):
         timeout_s = _seconds(timeout)
         self._timeout = timeout
         self._mesh.set_timeout(timeout_s)  # the engine's op deadlines read it there
+
+
+def _weakly(method: Callable[[CollectiveError], None]) -> Callable[[CollectiveError], None]:
+    """``method`` called through a weak reference to its object: the engine's hook must not
+    keep the group alive, or the group, its engine and its store (whose host keeps the
+    master port) outlive ``destroy_process_group`` until the cycle collector runs, and a
+    re-init on that port finds it taken."""
+    ref = weakref.WeakMethod(method)
+
+    def call(err: CollectiveError) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(err)
+    return call
 
 
 #: ``create`` said once that it ignores ``pg_options``.

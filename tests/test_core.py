@@ -1302,6 +1302,46 @@ def test_a_process_that_ran_a_job_before_joins_a_fresh_one() -> None:
     assert run_ranks(_after_a_job_alone, 2, port, init=False, timeout=60) == [[3.0] * 3] * 2
 
 
+def _reinit_on_one_port(rank: int, w: int, port: int) -> list[object]:
+    """Three jobs in turn on one ``tcp://`` port, the cycle collector off: each group must be
+    freed by ``destroy_process_group`` itself, as gloo's is, and with it rank 0's store,
+    which holds the port. (A reference cycle through the engine's hook kept both until the
+    collector ran: re-inits on one port with a collection between jobs failed in 10 of 12
+    trials of 10 jobs, gloo's in none.)"""
+    import gc
+    import socket
+    import weakref
+
+    import torch.distributed as dist
+
+    gc.disable()
+    seen: list[object] = []
+    for job in range(3):
+        dist.init_process_group("mccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=w, timeout=timedelta(seconds=20))
+        group = weakref.ref(dist.group.WORLD)
+        t = torch.full((3,), float(rank + 1 + job))
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        seen += [t.tolist(), group() is None]
+    if rank == 0:  # the store's host: its port is free again (bind fails while it listens)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+                seen.append("port free")
+            except OSError as e:
+                seen.append(f"port still taken: {e}")
+    return seen
+
+
+def test_a_destroyed_group_frees_its_store_at_once() -> None:
+    port = free_port()
+    jobs = [[3.0] * 3, True, [5.0] * 3, True, [7.0] * 3, True]
+    assert run_ranks(_reinit_on_one_port, 2, port, init=False, timeout=90) == [
+        jobs + ["port free"], jobs]
+
+
 def _two_jobs_one_store(rank: int, w: int, port: int, forming: bool) -> str:
     """Ranks 0-1 are job A's ranks 0-1, ranks 2-3 job B's, on one store (no prefix). B's
     ranks start while A runs ops; or (``forming``) B's rank 0 alone starts while A's rank 0
