@@ -23,37 +23,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+try:  # mccl's argument checks; importing mccl also registers the "mccl" backend
+    from mccl.bench.cli import at_least
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mccl.bench.cli import at_least
+
 IN_FEATURES = 32
 TIMED_AFTER_STEP = 5  # the first steps include DDP set-up and allocator warm-up
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (``--steps 0`` trained nothing and
-    exited as if it had)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", default="mccl", help="mccl (default) or gloo")
-    p.add_argument("--steps", type=positive, default=40)
-    p.add_argument("--batch-size", type=positive, default=64, help="per rank")
-    p.add_argument("--hidden", type=positive, default=512)
-    p.add_argument("--layers", type=positive, default=4)
+    p.add_argument("--steps", type=at_least(1), default=40)
+    p.add_argument("--batch-size", type=at_least(1), default=64, help="per rank")
+    p.add_argument("--hidden", type=at_least(1), default=512)
+    p.add_argument("--layers", type=at_least(1), default=4)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--log-every", type=positive, default=10)
+    p.add_argument("--log-every", type=at_least(1), default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=positive_seconds, default=120.0,
+    p.add_argument("--timeout", type=at_least(0.0, float, strict=True), default=120.0,
                    help="process group timeout (s)")
     return p.parse_args(argv)
 
@@ -68,12 +58,6 @@ def make_model(hidden: int, layers: int) -> nn.Module:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.backend == "mccl":
-        try:
-            import mccl  # noqa: F401  (registers the backend)
-        except ImportError:  # running from a checkout without `pip install -e .`
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-            import mccl  # noqa: F401
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", 1))))
     dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -206,10 +206,12 @@ def test_bench_refuses_an_unwritable_json_before_running(tmp_path: Path) -> None
 @pytest.mark.parametrize("argv", [("--iters", "0"), ("--iters", "-1"), ("--timeout", "-200"),
                                   ("--timeout", "0"), ("--warmup", "-1"), ("--factor", "1"),
                                   ("--time-budget", "-1"), ("--hosts", "-2"),
-                                  ("--iters", "many")])
+                                  ("--iters", "many"), ("--timeout", "nan"),
+                                  ("--time-budget", "nan"), ("--factor", "nan")])
 def test_bad_numbers_are_usage_errors(argv: tuple[str, str],
                                       capsys: pytest.CaptureFixture) -> None:
-    """Before: --iters 0, --timeout -200 ... were accepted and failed inside the ranks."""
+    """Before: --iters 0, --timeout -200 ... were accepted and failed inside the ranks
+    (and NaN, which no comparison refuses, ran)."""
     with pytest.raises(SystemExit) as exc:
         _parse(*argv)
     assert exc.value.code == 2

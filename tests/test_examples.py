@@ -22,10 +22,10 @@ def test_model_parallel_example() -> None:
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--steps", "0"], "--steps: must be at least 1, got 0"),
-    (["--batch-size", "-1"], "--batch-size: must be at least 1, got -1"),
-    (["--log-every", "0"], "--log-every: must be at least 1"),
-    (["--timeout", "nan"], "--timeout: must be more than 0 seconds, got nan"),
+    (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--batch-size", "-1"], "--batch-size: must be >= 1, got -1"),
+    (["--log-every", "0"], "--log-every: must be >= 1"),
+    (["--timeout", "nan"], "--timeout: must be > 0, got nan"),
 ])
 def test_train_ddp_refuses_settings_that_train_nothing(argv, named, capsys) -> None:
     """Before: ``--steps 0`` printed the header and exited 0 as if it had trained."""

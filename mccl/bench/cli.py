@@ -52,7 +52,8 @@ def interrupt_on_sigterm() -> None:
 def at_least(minimum: float, kind: Callable[[str], float] = int, *, strict: bool = False
              ) -> Callable[[str], float]:
     """An argparse ``type``: a number >= minimum (> with ``strict``), so a bad value is a
-    usage error (exit 2) instead of a failure inside the ranks."""
+    usage error (exit 2) instead of a failure inside the ranks. NaN is no number here
+    (``--timeout nan`` passed both comparisons and ran)."""
     bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
 
     def parse(text: str) -> float:
@@ -60,7 +61,7 @@ def at_least(minimum: float, kind: Callable[[str], float] = int, *, strict: bool
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < minimum or (strict and value == minimum):
+        if not (value > minimum if strict else value >= minimum):  # (False for NaN)
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
